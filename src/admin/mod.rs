@@ -1,0 +1,253 @@
+//! The admin console: the virtual database `usher` (also `pgbouncer`, so
+//! PgBouncer tools work), simple query protocol only.
+//!
+//! `admin.users` may run every command; `admin.stats_users` only SHOW.
+
+use crate::app::App;
+use crate::frontend::send_error;
+use crate::protocol::error::sqlstate;
+use crate::protocol::messages::{self, read_message};
+use crate::protocol::PgError;
+use bytes::BytesMut;
+use std::sync::Arc;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+/// The name of the admin console's database.
+pub const ADMIN_DATABASE: &str = "usher";
+
+/// True for the database names that reach the console.
+pub fn is_admin_database(name: &str) -> bool {
+    name == ADMIN_DATABASE || name == "pgbouncer"
+}
+
+/// What a console user may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Admin,
+    Stats,
+}
+
+/// A logged-in console session.
+pub struct Console {
+    app: Arc<App>,
+    role: Role,
+}
+
+impl Console {
+    /// Checks the (already authenticated) user may use the console and sends the welcome.
+    pub async fn login(
+        app: Arc<App>,
+        stream: &mut TcpStream,
+        user: &str,
+    ) -> Result<Console, PgError> {
+        let admin = &app.config.admin;
+        let role = if admin.users.iter().any(|u| u == user) {
+            Role::Admin
+        } else if admin.stats_users.iter().any(|u| u == user) {
+            Role::Stats
+        } else {
+            return Err(PgError::fatal(
+                sqlstate::INSUFFICIENT_PRIVILEGE,
+                format!("user \"{user}\" may not use the admin console"),
+            )
+            .with_hint("list the user under admin.users or admin.stats_users"));
+        };
+        let mut out = BytesMut::new();
+        messages::authentication_ok(&mut out);
+        for (k, v) in [
+            ("server_version", env!("CARGO_PKG_VERSION")),
+            ("server_encoding", "UTF8"),
+            ("client_encoding", "UTF8"),
+            ("DateStyle", "ISO, MDY"),
+            ("integer_datetimes", "on"),
+            ("standard_conforming_strings", "on"),
+            ("application_name", "usher"),
+        ] {
+            messages::parameter_status(&mut out, k, v);
+        }
+        messages::backend_key_data(&mut out, 0, 0);
+        messages::ready_for_query(&mut out, b'I');
+        stream
+            .write_all(&out)
+            .await
+            .map_err(|_| PgError::protocol("client went away"))?;
+        Ok(Console { app, role })
+    }
+
+    /// Answers simple queries until the client leaves.
+    pub async fn serve(self, mut stream: TcpStream) {
+        loop {
+            let msg = match read_message(&mut stream, 64 * 1024).await {
+                Ok(Some(m)) => m,
+                Ok(None) => return,
+                Err(e) => return send_error(&mut stream, &e).await,
+            };
+            let mut out = BytesMut::new();
+            match msg.tag {
+                b'X' => return,
+                b'Q' => {
+                    let sql = String::from_utf8_lossy(&msg.body);
+                    let sql = sql.trim_end_matches('\0');
+                    match self.run(sql) {
+                        Ok(reply) => reply.encode(&mut out),
+                        Err(e) => e.encode(&mut out),
+                    }
+                    messages::ready_for_query(&mut out, b'I');
+                }
+                _ => {
+                    let e = PgError::fatal(
+                        sqlstate::FEATURE_NOT_SUPPORTED,
+                        "the admin console supports only the simple query protocol",
+                    );
+                    return send_error(&mut stream, &e).await;
+                }
+            }
+            if stream.write_all(&out).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Runs one console command.
+    fn run(&self, sql: &str) -> Result<Reply, PgError> {
+        let words: Vec<String> = sql
+            .trim()
+            .trim_end_matches(';')
+            .split_whitespace()
+            .map(|w| w.to_ascii_uppercase())
+            .collect();
+        let words: Vec<&str> = words.iter().map(String::as_str).collect();
+        match words.as_slice() {
+            [] => Ok(Reply::Empty),
+            ["SHOW" | "SELECT", what] => self.show(what),
+            ["SHUTDOWN"] => {
+                self.require_admin()?;
+                self.app.begin_shutdown();
+                Ok(Reply::Command("SHUTDOWN".into()))
+            }
+            _ => Err(PgError::error(
+                sqlstate::SYNTAX_ERROR,
+                format!("unknown admin console command: {}", sql.trim()),
+            )
+            .with_hint("SHOW HELP lists the commands")),
+        }
+    }
+
+    fn require_admin(&self) -> Result<(), PgError> {
+        match self.role {
+            Role::Admin => Ok(()),
+            Role::Stats => Err(PgError::error(
+                sqlstate::INSUFFICIENT_PRIVILEGE,
+                "admin access needed for this command",
+            )),
+        }
+    }
+
+    fn show(&self, what: &str) -> Result<Reply, PgError> {
+        match what {
+            "HELP" => Ok(Reply::rows(
+                &["command"],
+                ["SHOW HELP|VERSION|POOLS", "SHUTDOWN"]
+                    .iter()
+                    .map(|c| vec![Some(c.to_string())])
+                    .collect(),
+            )),
+            "VERSION" => Ok(Reply::rows(
+                &["version"],
+                vec![vec![Some(format!("usher {}", env!("CARGO_PKG_VERSION")))]],
+            )),
+            "POOLS" => Ok(self.show_pools()),
+            other => Err(PgError::error(
+                sqlstate::SYNTAX_ERROR,
+                format!("unknown SHOW item: {other}"),
+            )
+            .with_hint("SHOW HELP lists the commands")),
+        }
+    }
+
+    fn show_pools(&self) -> Reply {
+        use std::sync::atomic::Ordering::Relaxed;
+        let columns = [
+            "database",
+            "user",
+            "cl_active",
+            "cl_waiting",
+            "cl_active_cancel_req",
+            "cl_waiting_cancel_req",
+            "sv_active",
+            "sv_active_cancel",
+            "sv_being_canceled",
+            "sv_idle",
+            "sv_used",
+            "sv_tested",
+            "sv_login",
+            "maxwait",
+            "maxwait_us",
+            "pool_mode",
+            "load_balance_hosts",
+        ];
+        let mut pools = self.app.pools.all();
+        pools.sort_by(|a, b| (&a.database, &a.user).cmp(&(&b.database, &b.user)));
+        let rows = pools
+            .iter()
+            .map(|p| {
+                let n = |v: usize| Some(v.to_string());
+                vec![
+                    Some(p.database.clone()),
+                    Some(p.user.clone()),
+                    n(p.stats.active.load(Relaxed)),
+                    n(p.stats.waiting.load(Relaxed)),
+                    n(0),
+                    n(0),
+                    n(p.stats.active.load(Relaxed)),
+                    n(0),
+                    n(0),
+                    n(p.idle_count()),
+                    n(0),
+                    n(0),
+                    n(0),
+                    n(0),
+                    n(0),
+                    Some(p.mode().to_string()),
+                    None,
+                ]
+            })
+            .collect();
+        Reply::rows(&columns, rows)
+    }
+}
+
+/// The answer to one console command.
+enum Reply {
+    Empty,
+    Command(String),
+    Rows {
+        columns: Vec<&'static str>,
+        rows: Vec<Vec<Option<String>>>,
+    },
+}
+
+impl Reply {
+    fn rows(columns: &[&'static str], rows: Vec<Vec<Option<String>>>) -> Reply {
+        Reply::Rows {
+            columns: columns.to_vec(),
+            rows,
+        }
+    }
+
+    fn encode(&self, out: &mut BytesMut) {
+        match self {
+            Reply::Empty => messages::empty_query_response(out),
+            Reply::Command(tag) => messages::command_complete(out, tag),
+            Reply::Rows { columns, rows } => {
+                messages::row_description(out, columns);
+                for row in rows {
+                    let values: Vec<Option<&str>> = row.iter().map(|v| v.as_deref()).collect();
+                    messages::data_row(out, &values);
+                }
+                messages::command_complete(out, &format!("SHOW {}", rows.len()));
+            }
+        }
+    }
+}

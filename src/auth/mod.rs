@@ -1,0 +1,225 @@
+//! Client authentication: the methods of `auth.method` against the
+//! credentials usher knows, and the record of every attempt.
+//!
+//! Unknown users go through the same exchange as known ones and get the same
+//! error (28P01), so a client cannot tell which roles exist.
+
+pub mod attempt;
+pub mod secret;
+
+pub use attempt::{AuthAttempt, AuthOutcome};
+pub use secret::Secret;
+
+use crate::config::AuthMethod;
+use crate::protocol::error::sqlstate;
+use crate::protocol::messages::{self, MAX_LOGIN_MESSAGE};
+use crate::protocol::scram::{ScramError, ScramServer, ScramVerifier};
+use crate::protocol::PgError;
+use bytes::BytesMut;
+use rand::RngCore;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+
+/// A failed authentication: what to tell the client and what to record.
+#[derive(Debug)]
+pub struct AuthFailure {
+    pub outcome: AuthOutcome,
+    pub error: PgError,
+}
+
+impl AuthFailure {
+    fn new(outcome: AuthOutcome, error: PgError) -> Self {
+        AuthFailure { outcome, error }
+    }
+
+    fn protocol(error: PgError) -> Self {
+        AuthFailure::new(AuthOutcome::ProtocolError, error)
+    }
+}
+
+/// What a successful authentication proved.
+#[derive(Debug, Default)]
+pub struct Authenticated {
+    /// The SCRAM ClientKey the client proved it holds (for pass-through).
+    pub scram_client_key: Option<[u8; 32]>,
+}
+
+fn password_failed(user: &str, outcome: AuthOutcome) -> AuthFailure {
+    AuthFailure::new(
+        outcome,
+        PgError::fatal(
+            sqlstate::INVALID_PASSWORD,
+            format!("password authentication failed for user \"{user}\""),
+        ),
+    )
+}
+
+/// Runs `method` for `user` over `stream`. `known` says whether usher knows
+/// the user; `secret` is `None` for unknown users and for users without a
+/// password (who may only use `trust`). `mock_key` salts the fake SCRAM
+/// exchange that hides whether a user exists.
+pub async fn authenticate<S>(
+    stream: &mut S,
+    method: AuthMethod,
+    user: &str,
+    known: bool,
+    secret: Option<&Secret>,
+    mock_key: &[u8],
+) -> Result<Authenticated, AuthFailure>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let unknown = || {
+        let outcome = if known {
+            AuthOutcome::WrongPassword
+        } else {
+            AuthOutcome::UnknownUser
+        };
+        password_failed(user, outcome)
+    };
+    let wrong = || password_failed(user, AuthOutcome::WrongPassword);
+    match method {
+        AuthMethod::Trust if known => Ok(Authenticated::default()),
+        AuthMethod::Trust => Err(unknown()),
+        AuthMethod::Password => {
+            let mut out = BytesMut::new();
+            messages::authentication_cleartext(&mut out);
+            send(stream, &out).await?;
+            let given = read_password(stream).await?;
+            let given = given.strip_suffix('\0').unwrap_or(&given);
+            match secret {
+                None => Err(unknown()),
+                Some(s) if s.check_cleartext(user, given) => Ok(Authenticated::default()),
+                Some(_) => Err(wrong()),
+            }
+        }
+        // As in PostgreSQL: md5 with a SCRAM-only secret is done with SCRAM.
+        AuthMethod::Md5 if secret.is_none_or(|s| s.md5_hash(user).is_some()) => {
+            let mut salt = [0u8; 4];
+            rand::thread_rng().fill_bytes(&mut salt);
+            let mut out = BytesMut::new();
+            messages::authentication_md5(&mut out, salt);
+            send(stream, &out).await?;
+            let given = read_password(stream).await?;
+            let given = given.strip_suffix('\0').unwrap_or(&given);
+            match secret {
+                None => Err(unknown()),
+                Some(s) if s.check_md5_response(user, salt, given) => Ok(Authenticated::default()),
+                Some(_) => Err(wrong()),
+            }
+        }
+        AuthMethod::Md5 | AuthMethod::ScramSha256 => {
+            let verifier = secret.and_then(Secret::scram).cloned();
+            let known = verifier.is_some();
+            let verifier = verifier.unwrap_or_else(|| ScramVerifier::mock(user, mock_key));
+            match scram_exchange(stream, verifier).await {
+                Ok(client_key) if known => Ok(Authenticated {
+                    scram_client_key: Some(client_key),
+                }),
+                Ok(_) => Err(unknown()),
+                Err(ScramFailure::Proof) if secret.is_none() => Err(unknown()),
+                Err(ScramFailure::Proof) => Err(wrong()),
+                Err(ScramFailure::Failure(f)) => Err(f),
+            }
+        }
+    }
+}
+
+enum ScramFailure {
+    /// The proof did not match.
+    Proof,
+    Failure(AuthFailure),
+}
+
+impl From<AuthFailure> for ScramFailure {
+    fn from(f: AuthFailure) -> Self {
+        ScramFailure::Failure(f)
+    }
+}
+
+async fn scram_exchange<S>(
+    stream: &mut S,
+    verifier: ScramVerifier,
+) -> Result<[u8; 32], ScramFailure>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let malformed = |e: ScramError| {
+        ScramFailure::Failure(AuthFailure::protocol(PgError::protocol(e.to_string())))
+    };
+    let mut out = BytesMut::new();
+    messages::authentication_sasl(&mut out, &["SCRAM-SHA-256"]);
+    send(stream, &out).await?;
+
+    // SASLInitialResponse: mechanism name, then an Int32 length and the data.
+    let mut body = read_auth_message(stream).await?;
+    let mechanism = messages::get_cstr(&mut body).map_err(AuthFailure::protocol)?;
+    if mechanism != "SCRAM-SHA-256" {
+        return Err(AuthFailure::protocol(PgError::protocol(format!(
+            "client selected an invalid SASL authentication mechanism: {mechanism}"
+        )))
+        .into());
+    }
+    if body.len() < 4 {
+        return Err(
+            AuthFailure::protocol(PgError::protocol("malformed SASLInitialResponse")).into(),
+        );
+    }
+    let data_len = i32::from_be_bytes([body[0], body[1], body[2], body[3]]);
+    let data = &body[4..];
+    if data_len < 0 || data_len as usize != data.len() {
+        return Err(
+            AuthFailure::protocol(PgError::protocol("malformed SASLInitialResponse")).into(),
+        );
+    }
+    let (server, server_first) = ScramServer::start(verifier, data).map_err(malformed)?;
+    out.clear();
+    messages::authentication_sasl_continue(&mut out, server_first.as_bytes());
+    send(stream, &out).await?;
+
+    let body = read_auth_message(stream).await?;
+    match server.finish(&body) {
+        Ok((server_final, client_key)) => {
+            out.clear();
+            messages::authentication_sasl_final(&mut out, server_final.as_bytes());
+            send(stream, &out).await?;
+            Ok(client_key)
+        }
+        Err(ScramError::WrongProof) => Err(ScramFailure::Proof),
+        Err(e) => Err(malformed(e)),
+    }
+}
+
+async fn send<S: AsyncWrite + Unpin>(stream: &mut S, bytes: &[u8]) -> Result<(), AuthFailure> {
+    stream.write_all(bytes).await.map_err(|e| {
+        AuthFailure::protocol(PgError::fatal(
+            sqlstate::CONNECTION_FAILURE,
+            format!("could not send authentication request: {e}"),
+        ))
+    })?;
+    stream.flush().await.map_err(|e| {
+        AuthFailure::protocol(PgError::fatal(sqlstate::CONNECTION_FAILURE, e.to_string()))
+    })
+}
+
+/// Reads the client's next 'p' message (password, SASL response).
+async fn read_auth_message<S: AsyncRead + Unpin>(
+    stream: &mut S,
+) -> Result<bytes::Bytes, AuthFailure> {
+    match messages::read_message(stream, MAX_LOGIN_MESSAGE).await {
+        Ok(Some(m)) if m.tag == b'p' => Ok(m.body),
+        Ok(Some(m)) => Err(AuthFailure::protocol(PgError::protocol(format!(
+            "expected password response, got message type '{}'",
+            messages::printable(m.tag)
+        )))),
+        Ok(None) => Err(AuthFailure::protocol(PgError::protocol(
+            "client closed the connection during authentication",
+        ))),
+        Err(e) => Err(AuthFailure::protocol(e)),
+    }
+}
+
+async fn read_password<S: AsyncRead + Unpin>(stream: &mut S) -> Result<String, AuthFailure> {
+    let body = read_auth_message(stream).await?;
+    String::from_utf8(body.to_vec())
+        .map_err(|_| AuthFailure::protocol(PgError::protocol("password is not UTF-8")))
+}

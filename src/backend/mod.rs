@@ -1,0 +1,173 @@
+//! Server connections: connect and log in to PostgreSQL, run usher's own
+//! statements (reset, parameter sync), forward cancel requests.
+//!
+//! A [`ServerConn`] knows nothing of clients; the frontend forwards bytes
+//! over its stream and tells it what it saw (ParameterStatus, ReadyForQuery).
+
+mod connect;
+
+pub use connect::{connect, ServerTarget};
+
+use crate::protocol::error::sqlstate;
+use crate::protocol::PgError;
+use bytes::BytesMut;
+use fallible_iterator::FallibleIterator;
+use postgres_protocol::message::backend::{ErrorFields, Message};
+use postgres_protocol::message::frontend;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+static NEXT_SERVER_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Where to send a cancel request for whatever a server connection runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CancelTarget {
+    pub host: String,
+    pub port: u16,
+    pub pid: u32,
+    pub secret: u32,
+}
+
+impl CancelTarget {
+    /// Opens a new connection to the server and sends the cancel request.
+    pub async fn send(&self) -> std::io::Result<()> {
+        let mut stream = TcpStream::connect((self.host.as_str(), self.port)).await?;
+        let mut buf = BytesMut::new();
+        frontend::cancel_request(self.pid as i32, self.secret as i32, &mut buf);
+        stream.write_all(&buf).await?;
+        // The server closes the connection when done; wait for that briefly.
+        let mut sink = [0u8; 16];
+        let _ =
+            tokio::time::timeout(std::time::Duration::from_secs(5), stream.read(&mut sink)).await;
+        Ok(())
+    }
+}
+
+/// One logged-in connection to PostgreSQL.
+#[derive(Debug)]
+pub struct ServerConn {
+    pub stream: TcpStream,
+    /// usher's own id for this connection (for logs and the console).
+    pub id: u64,
+    pub cancel: CancelTarget,
+    /// Reported parameters (ParameterStatus) as the server last said them.
+    pub params: HashMap<String, String>,
+    pub created: Instant,
+    pub last_used: Instant,
+}
+
+impl ServerConn {
+    pub(crate) fn new(
+        stream: TcpStream,
+        cancel: CancelTarget,
+        params: HashMap<String, String>,
+    ) -> Self {
+        let now = Instant::now();
+        ServerConn {
+            stream,
+            id: NEXT_SERVER_ID.fetch_add(1, Ordering::Relaxed),
+            cancel,
+            params,
+            created: now,
+            last_used: now,
+        }
+    }
+
+    /// The server's backend process id.
+    pub fn backend_pid(&self) -> u32 {
+        self.cancel.pid
+    }
+
+    /// True if the server has not closed the connection or sent anything
+    /// unasked while it sat idle (e.g. a FATAL on termination). Never blocks.
+    pub fn looks_alive(&self) -> bool {
+        let mut probe = [0u8; 1];
+        match self.stream.try_read(&mut probe) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => true,
+            _ => false, // EOF, unexpected data, or an error
+        }
+    }
+
+    /// Runs `sql` with the simple protocol and waits for ReadyForQuery.
+    /// ParameterStatus messages update [`ServerConn::params`]. A server error
+    /// is returned after the server is ready again.
+    pub async fn simple_query(&mut self, sql: &str) -> Result<(), PgError> {
+        let mut out = BytesMut::new();
+        frontend::query(sql, &mut out)
+            .map_err(|e| PgError::error(sqlstate::INTERNAL_ERROR, e.to_string()))?;
+        self.stream.write_all(&out).await.map_err(lost)?;
+        let mut buf = BytesMut::with_capacity(1024);
+        let mut failure = None;
+        loop {
+            match self.read_message(&mut buf).await? {
+                Message::ReadyForQuery(_) => break,
+                Message::ErrorResponse(body) => failure = Some(error_from_fields(body.fields())),
+                Message::ParameterStatus(body) => {
+                    if let (Ok(name), Ok(value)) = (body.name(), body.value()) {
+                        self.params.insert(name.to_string(), value.to_string());
+                    }
+                }
+                _ => {}
+            }
+        }
+        self.last_used = Instant::now();
+        failure.map_or(Ok(()), Err)
+    }
+
+    async fn read_message(&mut self, buf: &mut BytesMut) -> Result<Message, PgError> {
+        read_backend_message(&mut self.stream, buf).await
+    }
+}
+
+/// Reads one backend message into `buf` and parses it.
+pub(crate) async fn read_backend_message(
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+) -> Result<Message, PgError> {
+    loop {
+        if let Some(m) = Message::parse(buf).map_err(|e| {
+            PgError::fatal(
+                sqlstate::PROTOCOL_VIOLATION,
+                format!("bad message from server: {e}"),
+            )
+        })? {
+            return Ok(m);
+        }
+        let n = stream.read_buf(buf).await.map_err(lost)?;
+        if n == 0 {
+            return Err(PgError::fatal(
+                sqlstate::CONNECTION_FAILURE,
+                "server closed the connection unexpectedly",
+            ));
+        }
+    }
+}
+
+fn lost(e: std::io::Error) -> PgError {
+    PgError::fatal(
+        sqlstate::CONNECTION_FAILURE,
+        format!("server connection failed: {e}"),
+    )
+}
+
+/// Turns a server ErrorResponse into a [`PgError`], keeping its SQLSTATE.
+pub(crate) fn error_from_fields(mut fields: ErrorFields<'_>) -> PgError {
+    let mut e = PgError::error(sqlstate::INTERNAL_ERROR, "server error");
+    while let Ok(Some(f)) = fields.next() {
+        let value = String::from_utf8_lossy(f.value_bytes()).into_owned();
+        match f.type_() {
+            b'S' if value == "FATAL" || value == "PANIC" => {
+                e.severity = crate::protocol::Severity::Fatal
+            }
+            b'C' => e.code = value,
+            b'M' => e.message = value,
+            b'D' => e.detail = Some(value),
+            b'H' => e.hint = Some(value),
+            _ => {}
+        }
+    }
+    e
+}

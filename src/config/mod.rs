@@ -1,0 +1,406 @@
+//! Configuration: the YAML schema, its defaults and its validation.
+//!
+//! The file is read with serde; `serde_path_to_error` names the key that was
+//! wrong, so every error says the file, the key and what was expected.
+//! Unknown keys are errors (`deny_unknown_fields` everywhere).
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+
+/// How long a server connection stays with one client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PoolMode {
+    /// For the client's whole life; reset with `server_reset_query` at release.
+    Session,
+    /// For one transaction; released at ReadyForQuery 'I'.
+    Transaction,
+}
+
+impl fmt::Display for PoolMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PoolMode::Session => "session",
+            PoolMode::Transaction => "transaction",
+        })
+    }
+}
+
+/// How clients prove who they are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum AuthMethod {
+    #[serde(rename = "trust")]
+    Trust,
+    #[serde(rename = "password")]
+    Password,
+    #[serde(rename = "md5")]
+    Md5,
+    #[serde(rename = "scram-sha-256")]
+    ScramSha256,
+}
+
+impl fmt::Display for AuthMethod {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            AuthMethod::Trust => "trust",
+            AuthMethod::Password => "password",
+            AuthMethod::Md5 => "md5",
+            AuthMethod::ScramSha256 => "scram-sha-256",
+        })
+    }
+}
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Address clients connect to.
+    #[serde(default = "defaults::listen")]
+    pub listen: SocketAddr,
+    /// Clients connected at once; the next one gets 53300.
+    #[serde(default = "defaults::max_client_conn")]
+    pub max_client_conn: usize,
+    /// Default pool mode for every database.
+    #[serde(default = "defaults::pool_mode")]
+    pub pool_mode: PoolMode,
+    /// Server connections per (database, user).
+    #[serde(default = "defaults::pool_size")]
+    pub pool_size: usize,
+    /// Run on a session-mode server connection before it goes back to the pool.
+    #[serde(default = "defaults::server_reset_query")]
+    pub server_reset_query: String,
+    /// Seconds a client may wait for a server connection before it gets an error.
+    #[serde(default = "defaults::query_wait_timeout")]
+    pub query_wait_timeout: f64,
+    /// Seconds to open and log in a server connection.
+    #[serde(default = "defaults::server_connect_timeout")]
+    pub server_connect_timeout: f64,
+    /// Seconds a client has to send its startup packet and authenticate.
+    #[serde(default = "defaults::auth_timeout")]
+    pub auth_timeout: f64,
+    /// Seconds running transactions get to finish on SIGTERM/SIGINT.
+    #[serde(default = "defaults::shutdown_timeout")]
+    pub shutdown_timeout: f64,
+    /// Largest protocol message accepted from a client, in bytes.
+    #[serde(default = "defaults::max_message_size")]
+    pub max_message_size: usize,
+    #[serde(default)]
+    pub auth: AuthConfig,
+    #[serde(default)]
+    pub databases: BTreeMap<String, DatabaseConfig>,
+    #[serde(default)]
+    pub users: BTreeMap<String, UserConfig>,
+    #[serde(default)]
+    pub admin: AdminConfig,
+    #[serde(default)]
+    pub log: LogConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    #[serde(default = "defaults::auth_method")]
+    pub method: AuthMethod,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        AuthConfig {
+            method: defaults::auth_method(),
+        }
+    }
+}
+
+/// One database clients may ask for, and where it really lives.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseConfig {
+    #[serde(default = "defaults::host")]
+    pub host: String,
+    #[serde(default = "defaults::port")]
+    pub port: u16,
+    /// Name on the server; defaults to the key.
+    pub dbname: Option<String>,
+    pub pool_mode: Option<PoolMode>,
+    pub pool_size: Option<usize>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserConfig {
+    /// Plaintext, an md5 hash (`md5...`) or a SCRAM-SHA-256 verifier.
+    pub password: Option<String>,
+    pub pool_mode: Option<PoolMode>,
+    pub pool_size: Option<usize>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// May use the admin console (database `usher`).
+    #[serde(default)]
+    pub users: Vec<String>,
+    /// May only SHOW on the admin console.
+    #[serde(default)]
+    pub stats_users: Vec<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogConfig {
+    /// A tracing filter, e.g. `info` or `usher=debug`.
+    #[serde(default = "defaults::log_level")]
+    pub level: String,
+    #[serde(default)]
+    pub format: LogFormat,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            level: defaults::log_level(),
+            format: LogFormat::Text,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+mod defaults {
+    use super::*;
+    pub fn listen() -> SocketAddr {
+        "127.0.0.1:6432".parse().unwrap()
+    }
+    pub fn max_client_conn() -> usize {
+        10_000
+    }
+    pub fn pool_mode() -> PoolMode {
+        PoolMode::Transaction
+    }
+    pub fn pool_size() -> usize {
+        20
+    }
+    pub fn server_reset_query() -> String {
+        "DISCARD ALL".into()
+    }
+    pub fn query_wait_timeout() -> f64 {
+        120.0
+    }
+    pub fn server_connect_timeout() -> f64 {
+        15.0
+    }
+    pub fn auth_timeout() -> f64 {
+        60.0
+    }
+    pub fn shutdown_timeout() -> f64 {
+        30.0
+    }
+    pub fn max_message_size() -> usize {
+        256 * 1024 * 1024
+    }
+    pub fn auth_method() -> AuthMethod {
+        AuthMethod::ScramSha256
+    }
+    pub fn host() -> String {
+        "127.0.0.1".into()
+    }
+    pub fn port() -> u16 {
+        5432
+    }
+    pub fn log_level() -> String {
+        "info".into()
+    }
+}
+
+/// A configuration that could not be loaded: which file, which key, what was wrong.
+#[derive(Debug, thiserror::Error)]
+#[error("{file}: {key}: {message}")]
+pub struct ConfigError {
+    pub file: String,
+    /// Dotted path of the offending key, or `(file)` for whole-file errors.
+    pub key: String,
+    pub message: String,
+}
+
+impl Config {
+    /// Reads, parses and validates a configuration file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: file.clone(),
+            key: "(file)".into(),
+            message: format!("cannot read: {e}"),
+        })?;
+        Config::from_yaml(&text, &file)
+    }
+
+    /// Parses and validates YAML text; `file` names it in errors.
+    pub fn from_yaml(text: &str, file: &str) -> Result<Config, ConfigError> {
+        let de = serde_yaml::Deserializer::from_str(text);
+        let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
+            let key = match e.path().to_string() {
+                p if p == "." => "(top level)".to_string(),
+                p => p,
+            };
+            ConfigError {
+                file: file.to_string(),
+                key,
+                message: e.into_inner().to_string(),
+            }
+        })?;
+        config.validate(file)?;
+        Ok(config)
+    }
+
+    fn validate(&self, file: &str) -> Result<(), ConfigError> {
+        let err = |key: &str, message: &str| ConfigError {
+            file: file.to_string(),
+            key: key.to_string(),
+            message: message.to_string(),
+        };
+        if self.max_client_conn == 0 {
+            return Err(err("max_client_conn", "expected a number greater than 0"));
+        }
+        if self.pool_size == 0 {
+            return Err(err("pool_size", "expected a number greater than 0"));
+        }
+        for (key, v) in [
+            ("query_wait_timeout", self.query_wait_timeout),
+            ("server_connect_timeout", self.server_connect_timeout),
+            ("auth_timeout", self.auth_timeout),
+            ("shutdown_timeout", self.shutdown_timeout),
+        ] {
+            if !(v > 0.0 && v.is_finite()) {
+                return Err(err(key, "expected a positive number of seconds"));
+            }
+        }
+        if self.max_message_size < 1024 {
+            return Err(err("max_message_size", "expected at least 1024 bytes"));
+        }
+        for (name, db) in &self.databases {
+            if db.pool_size == Some(0) {
+                return Err(err(
+                    &format!("databases.{name}.pool_size"),
+                    "expected a number greater than 0",
+                ));
+            }
+            if name == crate::admin::ADMIN_DATABASE || name == "pgbouncer" {
+                return Err(err(
+                    &format!("databases.{name}"),
+                    "this name is reserved for the admin console",
+                ));
+            }
+        }
+        for (name, user) in &self.users {
+            if user.pool_size == Some(0) {
+                return Err(err(
+                    &format!("users.{name}.pool_size"),
+                    "expected a number greater than 0",
+                ));
+            }
+        }
+        for (i, name) in self.admin.users.iter().enumerate() {
+            if !self.users.contains_key(name) {
+                return Err(err(
+                    &format!("admin.users[{i}]"),
+                    &format!("expected a user listed under `users`, got `{name}`"),
+                ));
+            }
+        }
+        for (i, name) in self.admin.stats_users.iter().enumerate() {
+            if !self.users.contains_key(name) {
+                return Err(err(
+                    &format!("admin.stats_users[{i}]"),
+                    &format!("expected a user listed under `users`, got `{name}`"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The pool mode for a (database, user): user setting, then database, then global.
+    pub fn pool_mode_for(&self, db: &str, user: &str) -> PoolMode {
+        self.users
+            .get(user)
+            .and_then(|u| u.pool_mode)
+            .or_else(|| self.databases.get(db).and_then(|d| d.pool_mode))
+            .unwrap_or(self.pool_mode)
+    }
+
+    /// The pool size for a (database, user): user setting, then database, then global.
+    pub fn pool_size_for(&self, db: &str, user: &str) -> usize {
+        self.users
+            .get(user)
+            .and_then(|u| u.pool_size)
+            .or_else(|| self.databases.get(db).and_then(|d| d.pool_size))
+            .unwrap_or(self.pool_size)
+    }
+}
+
+impl DatabaseConfig {
+    /// The database name on the server for the database clients call `key`.
+    pub fn server_dbname<'a>(&'a self, key: &'a str) -> &'a str {
+        self.dbname.as_deref().unwrap_or(key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn minimal_config_gets_defaults() {
+        let c = Config::from_yaml("databases: { app: {} }\n", "t.yaml").unwrap();
+        assert_eq!(c.listen.port(), 6432);
+        assert_eq!(c.pool_mode, PoolMode::Transaction);
+        assert_eq!(c.auth.method, AuthMethod::ScramSha256);
+        assert_eq!(c.databases["app"].server_dbname("app"), "app");
+    }
+
+    #[test]
+    fn unknown_key_names_file_and_key() {
+        let e = Config::from_yaml("databases:\n  app:\n    hots: x\n", "u.yaml").unwrap_err();
+        assert_eq!(e.file, "u.yaml");
+        assert_eq!(e.key, "databases.app.hots");
+        assert!(e.message.contains("unknown field `hots`"), "{}", e.message);
+    }
+
+    #[test]
+    fn wrong_type_names_key_and_expectation() {
+        let e = Config::from_yaml("pool_size: lots\n", "w.yaml").unwrap_err();
+        assert_eq!(e.key, "pool_size");
+        assert!(e.message.contains("expected"), "{}", e.message);
+        let e = Config::from_yaml("pool_mode: statement\n", "w.yaml").unwrap_err();
+        assert_eq!(e.key, "pool_mode");
+        assert!(e.message.contains("session"), "{}", e.message);
+    }
+
+    #[test]
+    fn admin_users_must_exist() {
+        let e = Config::from_yaml("admin: { users: [root] }\n", "a.yaml").unwrap_err();
+        assert_eq!(e.key, "admin.users[0]");
+    }
+
+    #[test]
+    fn per_database_and_user_overrides() {
+        let c = Config::from_yaml(
+            "pool_size: 3\ndatabases: { a: { pool_size: 5, pool_mode: session }, b: {} }\nusers: { u: { pool_size: 7 } }\n",
+            "o.yaml",
+        )
+        .unwrap();
+        assert_eq!(c.pool_size_for("a", "x"), 5);
+        assert_eq!(c.pool_size_for("b", "x"), 3);
+        assert_eq!(c.pool_size_for("a", "u"), 7);
+        assert_eq!(c.pool_mode_for("a", "x"), PoolMode::Session);
+        assert_eq!(c.pool_mode_for("b", "x"), PoolMode::Transaction);
+    }
+}

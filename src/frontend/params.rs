@@ -1,0 +1,221 @@
+//! A session's parameters: what the client asked for (startup packet, and
+//! SETs the server reported back), so that every server connection the
+//! session uses is brought in line with it before it runs anything.
+
+use crate::backend::ServerConn;
+use crate::protocol::PgError;
+use std::collections::HashMap;
+
+/// Startup-packet keys that are not parameters to SET.
+const NOT_PARAMETERS: &[&str] = &["user", "database", "options", "replication"];
+
+/// Server-reported parameters with mixed-case names; everything else is lower case.
+const CANONICAL: &[&str] = &["DateStyle", "IntervalStyle", "TimeZone"];
+
+/// The spelling PostgreSQL uses for a parameter name.
+pub fn canonical_name(name: &str) -> String {
+    CANONICAL
+        .iter()
+        .find(|c| c.eq_ignore_ascii_case(name))
+        .map(|c| c.to_string())
+        .unwrap_or_else(|| name.to_ascii_lowercase())
+}
+
+/// The parameters a session wants on its server connections.
+#[derive(Debug, Clone, Default)]
+pub struct SessionParams {
+    /// name → value the session wants, canonical names.
+    wanted: HashMap<String, String>,
+}
+
+impl SessionParams {
+    /// From the startup packet: every parameter except user/database, plus
+    /// `-c name=value` / `--name=value` items of `options`.
+    pub fn from_startup(startup: &[(String, String)]) -> Result<Self, PgError> {
+        let mut wanted = HashMap::new();
+        for (k, v) in startup {
+            if k == "options" {
+                for (name, value) in parse_options(v)? {
+                    wanted.insert(canonical_name(&name), value);
+                }
+            } else if !NOT_PARAMETERS.contains(&k.as_str()) && !k.starts_with("_pq_.") {
+                wanted.insert(canonical_name(k), v.clone());
+            }
+        }
+        Ok(SessionParams { wanted })
+    }
+
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.wanted.get(name).map(String::as_str)
+    }
+
+    /// The server reported a new value (the client ran SET): keep it.
+    pub fn observe(&mut self, name: &str, value: &str) {
+        self.wanted.insert(name.to_string(), value.to_string());
+    }
+
+    /// Parameter values to tell the client at login: the server's reported
+    /// values, overridden by what the client asked for.
+    pub fn initial_report(&self, server: &HashMap<String, String>) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = server
+            .iter()
+            .map(|(k, v)| (k.clone(), self.wanted.get(k).unwrap_or(v).clone()))
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// The SQL that makes `conn` match this session, or `None` if it already
+    /// does. `defaults` are the pool's server defaults (the reported
+    /// parameters): another session's value for a parameter this session
+    /// does not set is RESET.
+    pub fn sync_sql(
+        &self,
+        conn: &ServerConn,
+        defaults: &HashMap<String, String>,
+    ) -> Option<String> {
+        let mut sql = String::new();
+        let mut names: Vec<&String> = self.wanted.keys().collect();
+        names.sort();
+        for name in names {
+            let value = &self.wanted[name];
+            if conn.params.get(name) != Some(value) {
+                sql.push_str(&format!(
+                    "SET {} TO {};",
+                    quote_ident(name),
+                    quote_literal(value)
+                ));
+            }
+        }
+        let mut stale: Vec<&String> = conn
+            .params
+            .iter()
+            .filter(|(k, v)| !self.wanted.contains_key(*k) && defaults.get(*k) != Some(*v))
+            .map(|(k, _)| k)
+            .collect();
+        stale.sort();
+        for name in stale {
+            sql.push_str(&format!("RESET {};", quote_ident(name)));
+        }
+        (!sql.is_empty()).then_some(sql)
+    }
+
+    /// Records that the sync SQL succeeded on `conn`. Reported parameters take
+    /// the server's spelling (`ISO, MDY` for `ISO`), so later comparisons
+    /// match; those that changed are returned, to be told to the client.
+    pub fn after_sync(
+        &mut self,
+        conn: &mut ServerConn,
+        defaults: &HashMap<String, String>,
+    ) -> Vec<(String, String)> {
+        let mut changed = Vec::new();
+        for (name, value) in self.wanted.iter_mut() {
+            if defaults.contains_key(name) {
+                if let Some(now) = conn.params.get(name) {
+                    if now != value {
+                        *value = now.clone();
+                        changed.push((name.clone(), now.clone()));
+                    }
+                }
+            } else {
+                conn.params.insert(name.clone(), value.clone());
+            }
+        }
+        conn.params
+            .retain(|k, _| self.wanted.contains_key(k) || defaults.contains_key(k));
+        changed
+    }
+}
+
+/// Splits the `options` startup parameter into (name, value) settings.
+fn parse_options(options: &str) -> Result<Vec<(String, String)>, PgError> {
+    let mut words = Vec::new();
+    let mut word = String::new();
+    let mut chars = options.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => word.extend(chars.next()),
+            c if c.is_whitespace() => {
+                if !word.is_empty() {
+                    words.push(std::mem::take(&mut word));
+                }
+            }
+            c => word.push(c),
+        }
+    }
+    if !word.is_empty() {
+        words.push(word);
+    }
+    let mut out = Vec::new();
+    let mut it = words.into_iter();
+    let bad = |w: &str| {
+        PgError::fatal(
+            crate::protocol::error::sqlstate::FEATURE_NOT_SUPPORTED,
+            format!("unsupported startup option \"{w}\": usher accepts only -c name=value and --name=value"),
+        )
+    };
+    while let Some(w) = it.next() {
+        let setting = if w == "-c" {
+            it.next().ok_or_else(|| bad(&w))?
+        } else if let Some(rest) = w.strip_prefix("-c") {
+            rest.to_string()
+        } else if let Some(rest) = w.strip_prefix("--") {
+            rest.to_string()
+        } else {
+            return Err(bad(&w));
+        };
+        let (name, value) = setting.split_once('=').ok_or_else(|| bad(&setting))?;
+        out.push((name.replace('-', "_"), value.to_string()));
+    }
+    Ok(out)
+}
+
+fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+fn quote_literal(value: &str) -> String {
+    format!("'{}'", value.replace('\'', "''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_are_parsed() {
+        let got =
+            parse_options("-c statement_timeout=5s --search-path=a,b -cwork_mem=4MB -c x=a\\ b")
+                .unwrap();
+        assert_eq!(
+            got,
+            vec![
+                ("statement_timeout".into(), "5s".into()),
+                ("search_path".into(), "a,b".into()),
+                ("work_mem".into(), "4MB".into()),
+                ("x".into(), "a b".into()),
+            ]
+        );
+        assert!(parse_options("-d 5").is_err());
+    }
+
+    #[test]
+    fn startup_keeps_parameters_only() {
+        let startup = vec![
+            ("user".into(), "u".into()),
+            ("database".into(), "d".into()),
+            ("datestyle".into(), "ISO".into()),
+            ("options".into(), "-c search_path=x".into()),
+        ];
+        let p = SessionParams::from_startup(&startup).unwrap();
+        assert_eq!(p.get("DateStyle"), Some("ISO"));
+        assert_eq!(p.get("search_path"), Some("x"));
+        assert_eq!(p.get("user"), None);
+    }
+
+    #[test]
+    fn quoting() {
+        assert_eq!(quote_literal("it's"), "'it''s'");
+        assert_eq!(quote_ident("a\"b"), "\"a\"\"b\"");
+    }
+}

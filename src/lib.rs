@@ -1,0 +1,16 @@
+//! usher: a PostgreSQL connection pooler with programmable session hooks.
+//!
+//! See ARCHITECTURE.md for the map of the modules and how a connection
+//! flows through them.
+
+pub mod admin;
+pub mod app;
+pub mod auth;
+pub mod backend;
+pub mod config;
+pub mod frontend;
+pub mod pool;
+pub mod protocol;
+
+pub use app::{App, Server};
+pub use config::Config;

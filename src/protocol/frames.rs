@@ -1,0 +1,238 @@
+//! Walking a byte stream message by message while forwarding it.
+//!
+//! The forwarding path never buffers a large message whole: a [`FrameWalker`]
+//! looks at each message header, asks for the whole body only of the few
+//! message types usher must read (ReadyForQuery, ParameterStatus, ...), and
+//! lets everything else stream through in whatever pieces the socket gives.
+
+use super::error::PgError;
+use super::messages::printable;
+
+/// Bodies usher reads must fit in this many bytes.
+pub const MAX_INSPECTED_BODY: usize = 1024 * 1024;
+
+/// What to do with the message just visited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Visit {
+    /// Forward it and go on.
+    Forward,
+    /// Forward it, then stop walking (e.g. the transaction ended).
+    StopAfter,
+    /// Do not forward it; stop walking before it (it stays in the buffer).
+    StopBefore,
+}
+
+/// The outcome of one walk over a buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Walked {
+    /// Bytes at the front of the buffer that may be forwarded now.
+    pub forward: usize,
+    /// A visitor asked to stop.
+    pub stopped: bool,
+}
+
+/// Tracks message boundaries across reads of one direction of a connection.
+#[derive(Debug)]
+pub struct FrameWalker {
+    /// Bytes of the current (streamed) message body still to come.
+    skip: usize,
+    /// Largest message accepted.
+    max_message: usize,
+}
+
+impl FrameWalker {
+    pub fn new(max_message: usize) -> Self {
+        FrameWalker {
+            skip: 0,
+            max_message,
+        }
+    }
+
+    /// True when the walker is at a message boundary.
+    pub fn at_boundary(&self) -> bool {
+        self.skip == 0
+    }
+
+    /// Walks the messages in `buf`. `wants_body(tag)` says which message types
+    /// must be visited whole; the others are visited with an empty body as
+    /// soon as their header is in. Returns how many bytes may be forwarded.
+    pub fn walk(
+        &mut self,
+        buf: &[u8],
+        wants_body: impl Fn(u8) -> bool,
+        mut visit: impl FnMut(u8, &[u8]) -> Visit,
+    ) -> Result<Walked, PgError> {
+        let mut pos = 0;
+        loop {
+            if self.skip > 0 {
+                let take = self.skip.min(buf.len() - pos);
+                pos += take;
+                self.skip -= take;
+                if self.skip > 0 {
+                    break;
+                }
+            }
+            if buf.len() - pos < 5 {
+                break;
+            }
+            let tag = buf[pos];
+            let len = u32::from_be_bytes([buf[pos + 1], buf[pos + 2], buf[pos + 3], buf[pos + 4]])
+                as usize;
+            if len < 4 || len > self.max_message {
+                return Err(PgError::protocol(format!(
+                    "invalid message length {len} for message type '{}' (limit {} bytes)",
+                    printable(tag),
+                    self.max_message
+                )));
+            }
+            let total = 1 + len;
+            let step = if wants_body(tag) {
+                if len > MAX_INSPECTED_BODY {
+                    return Err(PgError::protocol(format!(
+                        "message type '{}' of {len} bytes is too large",
+                        printable(tag)
+                    )));
+                }
+                if buf.len() - pos < total {
+                    break; // wait for the rest of it
+                }
+                let step = visit(tag, &buf[pos + 5..pos + total]);
+                if step != Visit::StopBefore {
+                    pos += total;
+                }
+                step
+            } else {
+                let step = visit(tag, &[]);
+                if step != Visit::StopBefore {
+                    pos += 5;
+                    self.skip = len - 4;
+                }
+                step
+            };
+            if step != Visit::Forward {
+                // Complete a streamed message's body before stopping after it.
+                if step == Visit::StopAfter && self.skip > 0 {
+                    let take = self.skip.min(buf.len() - pos);
+                    pos += take;
+                    self.skip -= take;
+                }
+                return Ok(Walked {
+                    forward: pos,
+                    stopped: true,
+                });
+            }
+        }
+        Ok(Walked {
+            forward: pos,
+            stopped: false,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::{BufMut, BytesMut};
+
+    fn msg(buf: &mut BytesMut, tag: u8, body: &[u8]) {
+        buf.put_u8(tag);
+        buf.put_u32(body.len() as u32 + 4);
+        buf.put_slice(body);
+    }
+
+    #[test]
+    fn streams_large_messages_in_pieces() {
+        let mut data = BytesMut::new();
+        msg(&mut data, b'D', &[7u8; 100]);
+        msg(&mut data, b'Z', b"I");
+        let mut w = FrameWalker::new(1 << 20);
+        let mut seen = vec![];
+        // First piece: header and part of the DataRow.
+        let r = w
+            .walk(
+                &data[..30],
+                |t| t == b'Z',
+                |t, b| {
+                    seen.push((t, b.to_vec()));
+                    Visit::Forward
+                },
+            )
+            .unwrap();
+        assert_eq!(r.forward, 30);
+        // Second piece: the rest, plus half of ReadyForQuery: it waits.
+        let rest = &data[30..data.len() - 2];
+        let r = w
+            .walk(
+                rest,
+                |t| t == b'Z',
+                |t, b| {
+                    seen.push((t, b.to_vec()));
+                    Visit::Forward
+                },
+            )
+            .unwrap();
+        assert_eq!(r.forward, 75);
+        let r = w
+            .walk(
+                &data[105..],
+                |t| t == b'Z',
+                |t, b| {
+                    seen.push((t, b.to_vec()));
+                    Visit::StopAfter
+                },
+            )
+            .unwrap();
+        assert_eq!(
+            r,
+            Walked {
+                forward: 6,
+                stopped: true
+            }
+        );
+        assert_eq!(seen, vec![(b'D', vec![]), (b'Z', b"I".to_vec())]);
+        assert!(w.at_boundary());
+    }
+
+    #[test]
+    fn stop_before_leaves_the_message() {
+        let mut data = BytesMut::new();
+        msg(&mut data, b'Q', b"select 1\0");
+        msg(&mut data, b'X', b"");
+        let mut w = FrameWalker::new(1 << 20);
+        let r = w
+            .walk(
+                &data,
+                |_| false,
+                |t, _| {
+                    if t == b'X' {
+                        Visit::StopBefore
+                    } else {
+                        Visit::Forward
+                    }
+                },
+            )
+            .unwrap();
+        assert_eq!(
+            r,
+            Walked {
+                forward: 14,
+                stopped: true
+            }
+        );
+    }
+
+    #[test]
+    fn rejects_bad_lengths() {
+        let mut data = BytesMut::new();
+        data.put_u8(b'Q');
+        data.put_u32(2);
+        let mut w = FrameWalker::new(1 << 20);
+        assert!(w.walk(&data, |_| false, |_, _| Visit::Forward).is_err());
+        let mut data = BytesMut::new();
+        data.put_u8(b'Q');
+        data.put_u32(5000);
+        let mut w = FrameWalker::new(4096);
+        let e = w.walk(&data, |_| false, |_, _| Visit::Forward).unwrap_err();
+        assert_eq!(e.code, "08P01");
+    }
+}

@@ -1,0 +1,17 @@
+//! The PostgreSQL v3 wire format as far as usher needs it.
+//!
+//! - [`startup`]: the untyped first packet (startup, SSL, GSSENC, cancel).
+//! - [`messages`]: building the backend messages usher itself sends, and
+//!   reading whole typed messages during login.
+//! - [`frames`]: walking a byte stream message by message while forwarding,
+//!   without buffering large messages whole.
+//! - [`error`]: PostgreSQL-style errors with SQLSTATEs.
+//! - [`scram`]: the server side of SCRAM-SHA-256.
+
+pub mod error;
+pub mod frames;
+pub mod messages;
+pub mod scram;
+pub mod startup;
+
+pub use error::{PgError, Severity};

@@ -1,0 +1,276 @@
+//! The pooler end to end: queries, transactions, COPY, large results and
+//! pooling behaviour in session and transaction mode, through usher against
+//! a real PostgreSQL.
+
+mod common;
+
+use common::{PgCluster, Usher};
+use futures_util::{pin_mut, SinkExt, TryStreamExt};
+
+const MODES: [&str; 2] = ["session", "transaction"];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simple_and_extended_queries_in_both_modes() {
+    let pg = PgCluster::shared();
+    for mode in MODES {
+        let usher = Usher::start(pg, &format!("pool_mode: {mode}\n")).await;
+        let c = usher.alice().await;
+        // Simple protocol.
+        let rows = c
+            .simple_query("SELECT 1 AS one; SELECT 'two'")
+            .await
+            .unwrap();
+        let values: Vec<String> = rows
+            .iter()
+            .filter_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => Some(r.get(0).unwrap().to_string()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(values, ["1", "two"], "{mode}");
+        // Extended protocol with parameters (unnamed statements via query_typed).
+        let row = c
+            .query_typed_raw(
+                "SELECT $1::int + $2::int",
+                vec![
+                    (
+                        &20i32 as &(dyn tokio_postgres::types::ToSql + Sync),
+                        tokio_postgres::types::Type::INT4,
+                    ),
+                    (&22i32, tokio_postgres::types::Type::INT4),
+                ],
+            )
+            .await
+            .unwrap();
+        pin_mut!(row);
+        let first = row.try_next().await.unwrap().unwrap();
+        assert_eq!(first.get::<_, i32>(0), 42, "{mode}");
+        // Prepared (named by tokio-postgres) within one connection works in session mode,
+        // and a pipeline of several queries sent at once works in both.
+        let (a, b, d) = tokio::join!(
+            c.query_one("SELECT $1::text", &[&"a"]),
+            c.query_one("SELECT $1::text", &[&"b"]),
+            c.query_one("SELECT $1::text", &[&"d"]),
+        );
+        assert_eq!(
+            (
+                a.unwrap().get::<_, String>(0),
+                b.unwrap().get::<_, String>(0),
+                d.unwrap().get::<_, String>(0)
+            ),
+            ("a".into(), "b".into(), "d".into()),
+            "{mode}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactions_and_an_error_inside_one() {
+    let pg = PgCluster::shared();
+    for mode in MODES {
+        let usher = Usher::start(pg, &format!("pool_mode: {mode}\npool_size: 1\n")).await;
+        let mut c = usher.alice().await;
+        let table = format!("tx_{mode}");
+        c.batch_execute(&format!(
+            "DROP TABLE IF EXISTS {table}; CREATE TABLE {table} (v int)"
+        ))
+        .await
+        .unwrap();
+        let tx = c.transaction().await.unwrap();
+        tx.execute(&format!("INSERT INTO {table} VALUES (1)"), &[])
+            .await
+            .unwrap();
+        let err = tx.execute("SELECT 1/0", &[]).await.unwrap_err();
+        assert_eq!(common::sqlstate(&err).as_deref(), Some("22012"));
+        // The transaction is aborted: further statements fail until rollback.
+        let err = tx.execute("SELECT 1", &[]).await.unwrap_err();
+        assert_eq!(common::sqlstate(&err).as_deref(), Some("25P02"));
+        tx.rollback().await.unwrap();
+        let n: i64 = c
+            .query_one(&format!("SELECT count(*) FROM {table}"), &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(n, 0, "{mode}: the rolled back insert is gone");
+        let tx = c.transaction().await.unwrap();
+        tx.execute(&format!("INSERT INTO {table} VALUES (2)"), &[])
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        let n: i64 = c
+            .query_one(&format!("SELECT count(*) FROM {table}"), &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(n, 1, "{mode}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copy_in_and_out() {
+    let pg = PgCluster::shared();
+    for mode in MODES {
+        let usher = Usher::start(pg, &format!("pool_mode: {mode}\n")).await;
+        let c = usher.alice().await;
+        let table = format!("copy_{mode}");
+        c.batch_execute(&format!(
+            "DROP TABLE IF EXISTS {table}; CREATE TABLE {table} (id int, name text)"
+        ))
+        .await
+        .unwrap();
+        let sink = c
+            .copy_in(&format!("COPY {table} FROM STDIN"))
+            .await
+            .unwrap();
+        pin_mut!(sink);
+        let mut data = String::new();
+        for i in 0..5000 {
+            data.push_str(&format!("{i}\tname-{i}\n"));
+        }
+        sink.send(bytes::Bytes::from(data.clone())).await.unwrap();
+        let copied = sink.finish().await.unwrap();
+        assert_eq!(copied, 5000, "{mode}");
+        let stream = c
+            .copy_out(&format!("COPY {table} TO STDOUT"))
+            .await
+            .unwrap();
+        let chunks: Vec<bytes::Bytes> = stream.try_collect().await.unwrap();
+        let out: Vec<u8> = chunks.concat();
+        assert_eq!(String::from_utf8(out).unwrap(), data, "{mode}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_million_rows_stream_through() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(pg, "pool_mode: transaction\n").await;
+    let c = usher.alice().await;
+    let rows = c
+        .query_raw(
+            "SELECT g, repeat('x', 50) FROM generate_series(1, 1000000) g",
+            std::iter::empty::<i32>(),
+        )
+        .await
+        .unwrap();
+    pin_mut!(rows);
+    let mut count = 0u64;
+    let mut sum = 0i64;
+    while let Some(row) = rows.try_next().await.unwrap() {
+        count += 1;
+        sum += row.get::<_, i32>(0) as i64;
+    }
+    assert_eq!(count, 1_000_000);
+    assert_eq!(sum, 500_000_500_000);
+}
+
+async fn backend_pid(c: &impl tokio_postgres::GenericClient) -> i32 {
+    c.query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transaction_mode_shares_a_backend_and_session_mode_does_not() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(pg, "pool_mode: transaction\npool_size: 1\n").await;
+    let (a, b) = (usher.alice().await, usher.alice().await);
+    assert_eq!(
+        backend_pid(&a).await,
+        backend_pid(&b).await,
+        "transaction mode: one server connection serves both"
+    );
+
+    let usher = Usher::start(pg, "pool_mode: session\npool_size: 2\n").await;
+    let (a, b) = (usher.alice().await, usher.alice().await);
+    let (pa, pb) = (backend_pid(&a).await, backend_pid(&b).await);
+    assert_ne!(
+        pa, pb,
+        "session mode: each client has its own server connection"
+    );
+    assert_eq!(
+        backend_pid(&a).await,
+        pa,
+        "session mode: the same one for the client's life"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transaction_mode_keeps_the_server_during_a_transaction() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(pg, "pool_mode: transaction\npool_size: 2\n").await;
+    let mut a = usher.alice().await;
+    let b = usher.alice().await;
+    let tx = a.transaction().await.unwrap();
+    let pid_in_tx = backend_pid(&tx).await;
+    // While a's transaction is open, b must get the other connection.
+    assert_ne!(backend_pid(&b).await, pid_in_tx);
+    assert_eq!(
+        backend_pid(&tx).await,
+        pid_in_tx,
+        "the transaction stays on its server"
+    );
+    tx.commit().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_leaving_mid_transaction_never_returns_a_dirty_server() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(pg, "pool_mode: transaction\npool_size: 1\n").await;
+    {
+        let a = usher.alice().await;
+        a.batch_execute(
+            "BEGIN; CREATE TEMP TABLE dirty (v int); SELECT pg_advisory_xact_lock(4242)",
+        )
+        .await
+        .unwrap();
+        // `a` drops here without COMMIT: the connection closes mid-transaction.
+    }
+    let b = usher.alice().await;
+    // The next client must not find itself inside a's transaction.
+    let in_tx: bool = b
+        .query_one("SELECT count(*) > 0 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!in_tx, "a's advisory lock (and transaction) must be gone");
+    let err = b.simple_query("COMMIT").await.map(|m| m.len());
+    assert!(err.is_ok());
+    let temp: i64 = b
+        .query_one("SELECT count(*) FROM pg_class WHERE relname = 'dirty'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(temp, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_mode_resets_the_server_between_clients() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(pg, "pool_mode: session\npool_size: 1\n").await;
+    let pid = {
+        let a = usher.alice().await;
+        a.batch_execute("CREATE TEMP TABLE mine (v int); SET work_mem = '7MB'")
+            .await
+            .unwrap();
+        backend_pid(&a).await
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let b = usher.alice().await;
+    assert_eq!(
+        backend_pid(&b).await,
+        pid,
+        "the server connection is reused"
+    );
+    let wm: String = b.query_one("SHOW work_mem", &[]).await.unwrap().get(0);
+    assert_ne!(
+        wm, "7MB",
+        "DISCARD ALL reset the previous client's settings"
+    );
+    let temp: i64 = b
+        .query_one("SELECT count(*) FROM pg_class WHERE relname = 'mine'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(temp, 0);
+}

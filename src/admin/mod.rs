@@ -4,7 +4,7 @@
 //! `admin.users` may run every command; `admin.stats_users` only SHOW.
 
 use crate::app::App;
-use crate::frontend::send_error;
+use crate::frontend::close_with_error;
 use crate::protocol::error::sqlstate;
 use crate::protocol::messages::{self, read_message};
 use crate::protocol::PgError;
@@ -81,7 +81,7 @@ impl Console {
             let msg = match read_message(&mut stream, 64 * 1024).await {
                 Ok(Some(m)) => m,
                 Ok(None) => return,
-                Err(e) => return send_error(&mut stream, &e).await,
+                Err(e) => return close_with_error(&mut stream, &e).await,
             };
             let mut out = BytesMut::new();
             match msg.tag {
@@ -100,7 +100,7 @@ impl Console {
                         sqlstate::FEATURE_NOT_SUPPORTED,
                         "the admin console supports only the simple query protocol",
                     );
-                    return send_error(&mut stream, &e).await;
+                    return close_with_error(&mut stream, &e).await;
                 }
             }
             if stream.write_all(&out).await.is_err() {

@@ -2,8 +2,8 @@
 //! requests), authentication, and the welcome (AuthenticationOk,
 //! ParameterStatus, BackendKeyData, ReadyForQuery).
 
+use super::close_with_error;
 use super::params::SessionParams;
-use super::send_error;
 use super::session::Session;
 use crate::app::App;
 use crate::auth::{self, AuthAttempt, AuthOutcome};
@@ -46,7 +46,7 @@ pub async fn handle_client(app: Arc<App>, mut stream: TcpStream, addr: SocketAdd
         Ok(Ok(Some(LoggedIn::Session(session)))) => session.serve(stream).await,
         Ok(Ok(Some(LoggedIn::Admin(console)))) => console.serve(stream).await,
         Ok(Ok(None)) => {}
-        Ok(Err(e)) => send_error(&mut stream, &e).await,
+        Ok(Err(e)) => close_with_error(&mut stream, &e).await,
         Err(_) => {
             AuthAttempt {
                 user: progress.user.unwrap_or_default(),
@@ -62,7 +62,7 @@ pub async fn handle_client(app: Arc<App>, mut stream: TcpStream, addr: SocketAdd
                 "canceling authentication due to timeout",
             )
             .with_detail(format!("auth_timeout is {}s", app.config.auth_timeout));
-            send_error(&mut stream, &e).await;
+            close_with_error(&mut stream, &e).await;
         }
     }
 }

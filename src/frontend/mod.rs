@@ -13,7 +13,8 @@ pub mod session;
 
 use crate::protocol::PgError;
 use bytes::BytesMut;
-use tokio::io::{AsyncWrite, AsyncWriteExt};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Sends an error (or notice) to a client; failures to write are ignored,
 /// since the client is usually about to be disconnected anyway.
@@ -22,4 +23,24 @@ pub async fn send_error<S: AsyncWrite + Unpin>(stream: &mut S, error: &PgError) 
     error.encode(&mut buf);
     let _ = stream.write_all(&buf).await;
     let _ = stream.flush().await;
+}
+
+/// Sends a final error and closes the connection so that the client reads
+/// it: closing a socket with unread input makes the kernel reset the
+/// connection, which can destroy the error before the client sees it, so
+/// the unread input is drained (briefly, and boundedly) after our FIN.
+pub async fn close_with_error<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, error: &PgError) {
+    send_error(stream, error).await;
+    let _ = stream.shutdown().await;
+    let mut sink = [0u8; 4096];
+    let _ = tokio::time::timeout(Duration::from_millis(500), async {
+        let mut total = 0;
+        while total < 1 << 20 {
+            match stream.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => total += n,
+            }
+        }
+    })
+    .await;
 }

@@ -8,9 +8,9 @@
 //! ReadyForQuery 'I' that answers the client's last Sync/Query; in session
 //! mode it stays until the client leaves.
 
+use super::close_with_error;
 use super::params::SessionParams;
 use super::registry::{ClientHandle, Registration};
-use super::send_error;
 use crate::app::App;
 use crate::config::PoolMode;
 use crate::pool::{Checkout, Pool};
@@ -122,13 +122,13 @@ impl Session {
         }
         match &end {
             End::ClientLeft => {}
-            End::Error(e) => send_error(&mut client, e).await,
+            End::Error(e) => close_with_error(&mut client, e).await,
             End::Shutdown => {
                 let e = PgError::fatal(
                     sqlstate::ADMIN_SHUTDOWN,
                     "terminating connection because usher is shutting down",
                 );
-                send_error(&mut client, &e).await;
+                close_with_error(&mut client, &e).await;
             }
         }
         tracing::info!(

@@ -1,0 +1,329 @@
+//! Startup and authentication: every method, every refusal with its
+//! SQLSTATE, bad input, and that one client's trouble never reaches another.
+
+mod common;
+
+use common::{sqlstate, PgCluster, Usher, ALICE_PASSWORD};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Reads what usher answers until it closes, and returns the ErrorResponse
+/// fields (code → value) of the first error in it.
+async fn read_error(stream: &mut TcpStream) -> std::collections::HashMap<char, String> {
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut buf)).await;
+    let pos = buf
+        .iter()
+        .position(|b| *b == b'E')
+        .unwrap_or_else(|| panic!("no ErrorResponse in {buf:?}"));
+    let len = u32::from_be_bytes(buf[pos + 1..pos + 5].try_into().unwrap()) as usize;
+    let body = &buf[pos + 5..pos + 1 + len];
+    body.split(|b| *b == 0)
+        .filter(|f| !f.is_empty())
+        .map(|f| (f[0] as char, String::from_utf8_lossy(&f[1..]).into_owned()))
+        .collect()
+}
+
+fn startup_packet(params: &[(&str, &str)]) -> Vec<u8> {
+    let mut body = 196608u32.to_be_bytes().to_vec();
+    for (k, v) in params {
+        body.extend_from_slice(k.as_bytes());
+        body.push(0);
+        body.extend_from_slice(v.as_bytes());
+        body.push(0);
+    }
+    body.push(0);
+    let mut p = ((body.len() + 4) as u32).to_be_bytes().to_vec();
+    p.extend(body);
+    p
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_client_auth_method_logs_in_and_refuses_a_wrong_password() {
+    let pg = PgCluster::shared();
+    for method in ["trust", "password", "md5", "scram-sha-256"] {
+        let usher = Usher::start(pg, &format!("auth:\n  method: {method}\n")).await;
+        let c = usher.alice().await;
+        let one: i32 = c.query_one("SELECT 1", &[]).await.unwrap().get(0);
+        assert_eq!(one, 1, "{method}");
+        if method != "trust" {
+            let e = usher
+                .connect_as("alice", "wrong")
+                .await
+                .err()
+                .expect("wrong password refused");
+            assert_eq!(sqlstate(&e).as_deref(), Some("28P01"), "{method}: {e}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configured_md5_and_scram_secrets_check_client_passwords() {
+    let pg = PgCluster::shared();
+    let md5 = postgres_protocol::password::md5(ALICE_PASSWORD.as_bytes(), "alice");
+    let scram = pg.psql_super("SELECT rolpassword FROM pg_authid WHERE rolname = 'alice'");
+    assert!(scram.starts_with("SCRAM-SHA-256$"));
+    for (method, secret) in [
+        ("md5", md5.as_str()),
+        ("scram-sha-256", scram.as_str()),
+        ("password", scram.as_str()),
+    ] {
+        let yaml = common::usher_yaml(pg, &format!("auth:\n  method: {method}\n")).replace(
+            &format!("password: {ALICE_PASSWORD}\n"),
+            &format!("password: \"{secret}\"\n"),
+        );
+        let usher = Usher::start_yaml(&yaml).await;
+        let e = usher
+            .connect_as("alice", "wrong")
+            .await
+            .err()
+            .expect("wrong password refused");
+        let db = e.as_db_error().expect("an error from usher");
+        assert_eq!(db.code().code(), "28P01", "{method}");
+        assert!(
+            db.message().contains("password authentication failed"),
+            "{method}: {db:?}"
+        );
+        // The right password passes usher's check; logging in to the server
+        // then needs the plaintext, which usher does not have here.
+        let e = usher
+            .connect_as("alice", ALICE_PASSWORD)
+            .await
+            .err()
+            .expect("no server login without plaintext");
+        let db = e.as_db_error().expect("an error from usher");
+        assert!(db.message().contains("usher has none"), "{method}: {db:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_user_and_wrong_password_look_the_same() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(pg, "").await;
+    let unknown = usher.connect_as("mallory", "x").await.err().unwrap();
+    let wrong = usher.connect_as("alice", "x").await.err().unwrap();
+    let (u, w) = (unknown.as_db_error().unwrap(), wrong.as_db_error().unwrap());
+    assert_eq!(u.code().code(), "28P01");
+    assert_eq!(w.code().code(), "28P01");
+    assert_eq!(
+        u.message().replace("mallory", "X"),
+        w.message().replace("alice", "X")
+    );
+    assert_eq!(u.hint(), None);
+    assert_eq!(u.detail(), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_database_is_3d000() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(pg, "").await;
+    let conn = format!(
+        "host=127.0.0.1 port={} user=alice password={ALICE_PASSWORD} dbname=nope",
+        usher.addr.port()
+    );
+    let e = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(sqlstate(&e).as_deref(), Some("3D000"), "{e}");
+    assert!(
+        e.as_db_error()
+            .unwrap()
+            .message()
+            .contains("\"nope\" does not exist"),
+        "{e:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn too_many_clients_is_53300() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(pg, "max_client_conn: 2\n").await;
+    let a = usher.alice().await;
+    let _b = usher.alice().await;
+    let e = usher
+        .connect_as("alice", ALICE_PASSWORD)
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(sqlstate(&e).as_deref(), Some("53300"), "{e}");
+    assert_eq!(
+        a.query_one("SELECT 1", &[]).await.unwrap().get::<_, i32>(0),
+        1,
+        "others unaffected"
+    );
+    drop(a);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    usher.alice().await; // a slot is free again
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_startup_packets_get_08p01_and_others_are_unaffected() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(pg, "").await;
+    let bystander = usher.alice().await;
+
+    // A length field that is far over the limit.
+    let mut s = TcpStream::connect(usher.addr).await.unwrap();
+    s.write_all(&100_000_000u32.to_be_bytes()).await.unwrap();
+    s.write_all(&[0; 8]).await.unwrap();
+    let e = read_error(&mut s).await;
+    assert_eq!(e[&'C'], "08P01");
+    assert!(
+        e[&'M'].contains("invalid length of startup packet"),
+        "{e:?}"
+    );
+
+    // Parameters without their terminator.
+    let mut s = TcpStream::connect(usher.addr).await.unwrap();
+    let mut p = startup_packet(&[("user", "alice")]);
+    p.truncate(p.len() - 2); // "user\0alice" with no terminators
+    let n = p.len() as u32;
+    p[..4].copy_from_slice(&n.to_be_bytes());
+    s.write_all(&p).await.unwrap();
+    assert_eq!(read_error(&mut s).await[&'C'], "08P01");
+
+    // An unsupported protocol version.
+    let mut s = TcpStream::connect(usher.addr).await.unwrap();
+    s.write_all(&[0, 0, 0, 8, 0, 2, 0, 0]).await.unwrap();
+    let e = read_error(&mut s).await;
+    assert_eq!(e[&'C'], "0A000");
+    assert!(
+        e[&'M'].contains("unsupported frontend protocol 2.0"),
+        "{e:?}"
+    );
+
+    // A message over max_message_size after login.
+    let usher2 = Usher::start(pg, "auth:\n  method: trust\nmax_message_size: 4096\n").await;
+    let mut s = TcpStream::connect(usher2.addr).await.unwrap();
+    s.write_all(&startup_packet(&[("user", "alice"), ("database", "app")]))
+        .await
+        .unwrap();
+    let mut welcome = [0u8; 1024];
+    let n = s.read(&mut welcome).await.unwrap();
+    assert_eq!(welcome[0], b'R', "AuthenticationOk first ({n} bytes)");
+    let mut q = vec![b'Q'];
+    q.extend_from_slice(&100_000u32.to_be_bytes());
+    s.write_all(&q).await.unwrap();
+    let e = read_error(&mut s).await;
+    assert_eq!(e[&'C'], "08P01");
+    assert!(e[&'M'].contains("invalid message length"), "{e:?}");
+
+    assert_eq!(
+        bystander
+            .query_one("SELECT 2", &[])
+            .await
+            .unwrap()
+            .get::<_, i32>(0),
+        2
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_client_hits_the_auth_timeout() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(pg, "auth_timeout: 0.5\n").await;
+    let mut silent = TcpStream::connect(usher.addr).await.unwrap();
+    let bystander = usher.alice().await;
+    let started = std::time::Instant::now();
+    let e = read_error(&mut silent).await;
+    assert_eq!(e[&'C'], "08P01");
+    assert!(e[&'M'].contains("timeout"), "{e:?}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(
+        bystander
+            .query_one("SELECT 3", &[])
+            .await
+            .unwrap()
+            .get::<_, i32>(0),
+        3
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ssl_and_gssenc_requests_are_answered_n() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(pg, "auth:\n  method: trust\n").await;
+    let mut s = TcpStream::connect(usher.addr).await.unwrap();
+    for code in [80877103u32, 80877104] {
+        s.write_all(&8u32.to_be_bytes()).await.unwrap();
+        s.write_all(&code.to_be_bytes()).await.unwrap();
+        let mut answer = [0u8; 1];
+        s.read_exact(&mut answer).await.unwrap();
+        assert_eq!(&answer, b"N");
+    }
+    // The connection then goes on in plaintext.
+    s.write_all(&startup_packet(&[("user", "alice"), ("database", "app")]))
+        .await
+        .unwrap();
+    let mut first = [0u8; 9];
+    s.read_exact(&mut first).await.unwrap();
+    assert_eq!(first, [b'R', 0, 0, 0, 8, 0, 0, 0, 0], "AuthenticationOk");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn psql_works_through_usher() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(pg, "").await;
+    let port = usher.addr.port().to_string();
+    let out = tokio::process::Command::new("psql")
+        .args([
+            "-X",
+            "-t",
+            "-A",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-U",
+            "alice",
+            "-d",
+            "app",
+            "-c",
+            "SELECT current_user || '@' || current_database()",
+        ])
+        .env("PGPASSWORD", ALICE_PASSWORD)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "alice@app");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn startup_parameters_reach_the_server() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(pg, "pool_mode: transaction\npool_size: 1\n").await;
+    let conn = format!("{} application_name=reporter options='-c search_path=pg_catalog -c statement_timeout=1234'", usher.conn_str("alice", ALICE_PASSWORD));
+    let (c, conn) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let plain = usher.alice().await;
+    for _ in 0..3 {
+        let row = c.query_one("SELECT current_setting('application_name'), current_setting('search_path'), current_setting('statement_timeout')", &[]).await.unwrap();
+        assert_eq!(
+            (
+                row.get::<_, String>(0),
+                row.get::<_, String>(1),
+                row.get::<_, String>(2)
+            ),
+            ("reporter".into(), "pg_catalog".into(), "1234ms".into())
+        );
+        // The other client on the same server connection sees none of it.
+        let row = plain.query_one("SELECT current_setting('application_name'), current_setting('search_path'), current_setting('statement_timeout')", &[]).await.unwrap();
+        assert_eq!(
+            (
+                row.get::<_, String>(0),
+                row.get::<_, String>(1),
+                row.get::<_, String>(2)
+            ),
+            ("".into(), "\"$user\", public".into(), "0".into())
+        );
+    }
+}

@@ -1,0 +1,329 @@
+//! Running usher: cancel requests, waiting for a full pool, pgbench load,
+//! graceful shutdown on signals, `usher check`, and memory while a large
+//! result streams through.
+
+mod common;
+
+use common::{sqlstate, PgCluster, Usher, UsherProcess, ALICE_PASSWORD};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_reaches_the_right_backend_in_both_modes() {
+    let pg = PgCluster::shared();
+    for mode in ["session", "transaction"] {
+        let usher = Usher::start(pg, &format!("pool_mode: {mode}\npool_size: 2\n")).await;
+        let sleeper = usher.alice().await;
+        let bystander = usher.alice().await;
+        let token = sleeper.cancel_token();
+        let bystander_sleep = tokio::spawn(async move {
+            bystander
+                .query_one("SELECT pg_sleep(1.5)::text", &[])
+                .await
+                .map(|_| ())
+        });
+        let started = Instant::now();
+        let canceller = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            token.cancel_query(tokio_postgres::NoTls).await.unwrap();
+        });
+        let e = sleeper
+            .query_one("SELECT pg_sleep(30)::text", &[])
+            .await
+            .unwrap_err();
+        assert_eq!(sqlstate(&e).as_deref(), Some("57014"), "{mode}: {e:?}");
+        assert!(started.elapsed() < Duration::from_secs(10));
+        canceller.await.unwrap();
+        bystander_sleep
+            .await
+            .unwrap()
+            .expect("the other client's query is not cancelled");
+        // The cancelled client goes on.
+        assert_eq!(
+            sleeper
+                .query_one("SELECT 5", &[])
+                .await
+                .unwrap()
+                .get::<_, i32>(0),
+            5
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_between_transactions_does_nothing_harmful() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(pg, "pool_mode: transaction\npool_size: 1\n").await;
+    let idle = usher.alice().await;
+    let busy = usher.alice().await;
+    idle.query_one("SELECT 1", &[]).await.unwrap();
+    // `idle` holds no server connection now; `busy` will run on the only one.
+    let token = idle.cancel_token();
+    let busy_query = tokio::spawn(async move {
+        busy.query_one("SELECT pg_sleep(1)::text", &[])
+            .await
+            .map(|_| ())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    token.cancel_query(tokio_postgres::NoTls).await.unwrap();
+    busy_query
+        .await
+        .unwrap()
+        .expect("busy's query is not cancelled by idle's cancel");
+    assert_eq!(
+        idle.query_one("SELECT 6", &[])
+            .await
+            .unwrap()
+            .get::<_, i32>(0),
+        6
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_wait_for_a_full_pool_then_time_out() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(
+        pg,
+        "pool_mode: transaction\npool_size: 1\nquery_wait_timeout: 1\n",
+    )
+    .await;
+    let mut holder = usher.alice().await;
+    let waiter = usher.alice().await;
+    let tx = holder.transaction().await.unwrap();
+    tx.query_one("SELECT 1", &[]).await.unwrap();
+    // While the only connection is in a transaction, the waiter times out.
+    let started = Instant::now();
+    let e = waiter.query_one("SELECT 2", &[]).await.unwrap_err();
+    assert_eq!(sqlstate(&e).as_deref(), Some("53300"), "{e:?}");
+    assert!(started.elapsed() >= Duration::from_millis(900));
+    tx.commit().await.unwrap();
+
+    // A waiter that the holder releases in time gets served.
+    let waiter = usher.alice().await;
+    let tx = holder.transaction().await.unwrap();
+    tx.query_one("SELECT 1", &[]).await.unwrap();
+    let served = tokio::spawn(async move {
+        waiter
+            .query_one("SELECT 7", &[])
+            .await
+            .map(|r| r.get::<_, i32>(0))
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    tx.commit().await.unwrap();
+    assert_eq!(served.await.unwrap().unwrap(), 7);
+}
+
+fn pgbench(pg: &PgCluster, port: u16, args: &[&str]) -> String {
+    let out = Command::new("pgbench")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", "alice"])
+        .args(args)
+        .arg("app")
+        .env("PGPASSWORD", ALICE_PASSWORD)
+        .output()
+        .expect("pgbench");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "pgbench {args:?} through usher in front of :{} failed:\n{text}",
+        pg.port
+    );
+    text
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pgbench_runs_without_failures_in_both_modes() {
+    let pg = PgCluster::shared();
+    for mode in ["session", "transaction"] {
+        let usher = Usher::start(pg, &format!("pool_mode: {mode}\npool_size: 5\n")).await;
+        let port = usher.addr.port();
+        let report = tokio::task::spawn_blocking(move || {
+            let pg = PgCluster::shared();
+            pgbench(pg, port, &["-i", "-q", "-s", "1"]);
+            pgbench(pg, port, &["-c", "20", "-j", "2", "-T", "5"])
+        })
+        .await
+        .unwrap();
+        let processed = report
+            .lines()
+            .find_map(|l| l.strip_prefix("number of transactions actually processed: "))
+            .unwrap_or_else(|| panic!("{mode}: no summary in\n{report}"));
+        let processed: u64 = processed
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(processed > 0, "{mode}: {report}");
+        let failed = report
+            .lines()
+            .find_map(|l| l.strip_prefix("number of failed transactions: "));
+        assert_eq!(
+            failed.map(|f| f.split_whitespace().next().unwrap()),
+            Some("0"),
+            "{mode}: {report}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_running_transactions_finish_then_exits() {
+    let pg = PgCluster::shared();
+    let mut usher = UsherProcess::start(pg, "pool_mode: transaction\nshutdown_timeout: 20\n");
+    let conn = format!(
+        "host=127.0.0.1 port={} user=alice password={ALICE_PASSWORD} dbname=app",
+        usher.port
+    );
+    let (mut c, driver) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let driver = tokio::spawn(driver);
+    let (idle, idle_driver) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let idle_driver = tokio::spawn(idle_driver);
+    c.batch_execute("DROP TABLE IF EXISTS shutdown_t; CREATE TABLE shutdown_t (v int)")
+        .await
+        .unwrap();
+    idle.query_one("SELECT 1", &[]).await.unwrap();
+
+    let tx = c.transaction().await.unwrap();
+    tx.execute("INSERT INTO shutdown_t VALUES (1)", &[])
+        .await
+        .unwrap();
+    usher.signal(libc::SIGTERM);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // No new clients are accepted.
+    assert!(tokio_postgres::connect(&conn, tokio_postgres::NoTls)
+        .await
+        .is_err());
+    // The idle client was closed with 57P01.
+    let e = idle_driver.await.unwrap().expect_err("idle client closed");
+    assert_eq!(sqlstate(&e).as_deref(), Some("57P01"), "{e:?}");
+    // The running transaction may finish.
+    tx.execute("INSERT INTO shutdown_t VALUES (2)", &[])
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    // ...and then its client is closed and usher exits cleanly.
+    let e = driver
+        .await
+        .unwrap()
+        .expect_err("client closed after its transaction");
+    assert_eq!(sqlstate(&e).as_deref(), Some("57P01"), "{e:?}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = usher.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "usher did not exit");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}");
+    assert_eq!(
+        pg.psql_super_db("app", "SELECT count(*) FROM shutdown_t"),
+        "2"
+    );
+}
+
+#[test]
+fn check_validates_and_names_file_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.yaml");
+    std::fs::write(&good, "databases:\n  app: {}\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_usher"))
+        .args(["check", "--config"])
+        .arg(&good)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(&bad, "databases:\n  app:\n    port: not-a-port\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_usher"))
+        .args(["check", "--config"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("bad.yaml"), "{err}");
+    assert!(err.contains("databases.app.port"), "{err}");
+    assert!(err.contains("expected u16"), "{err}");
+
+    std::fs::write(&bad, "pool_sise: 5\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_usher"))
+        .args(["check", "--config"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown field `pool_sise`"));
+
+    let out = Command::new(env!("CARGO_BIN_EXE_usher"))
+        .args(["check", "--config", "/nonexistent.yaml"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent.yaml"));
+}
+
+/// Peak resident memory of a process, from /proc.
+fn peak_rss_kb(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmHWM in /proc/pid/status")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_result_is_not_held_in_memory_whole() {
+    let pg = PgCluster::shared();
+    let usher = UsherProcess::start(pg, "pool_mode: transaction\n");
+    let conn = format!(
+        "host=127.0.0.1 port={} user=alice password={ALICE_PASSWORD} dbname=app",
+        usher.port
+    );
+    let (c, driver) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(driver);
+    let before = peak_rss_kb(usher.child.id());
+    // About 300 MB of rows; the client reads them slowly at first so that
+    // usher must hold back rather than buffer.
+    let rows = c
+        .query_raw(
+            "SELECT g, repeat('y', 300) FROM generate_series(1, 1000000) g",
+            std::iter::empty::<i32>(),
+        )
+        .await
+        .unwrap();
+    futures_util::pin_mut!(rows);
+    let mut n = 0u64;
+    while let Some(_row) = futures_util::TryStreamExt::try_next(&mut rows)
+        .await
+        .unwrap()
+    {
+        n += 1;
+        if n == 10 {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    assert_eq!(n, 1_000_000);
+    let after = peak_rss_kb(usher.child.id());
+    assert!(
+        after < before + 64 * 1024,
+        "usher's peak memory grew from {before} kB to {after} kB while streaming ~300 MB"
+    );
+}

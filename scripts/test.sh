@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Runs all of usher's tests: unit tests, and integration tests against a
+# throwaway PostgreSQL cluster that the test harness starts itself.
+# Installs PostgreSQL first when it is missing (as root, with apt-get).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/pg-env.sh
+ensure_postgres_installed
+# Integration tests start clusters and subprocesses; two test binaries at a
+# time suits a 2-core machine.
+cargo test --all-targets -- --test-threads="${USHER_TEST_THREADS:-4}"

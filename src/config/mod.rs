@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::time::Duration;
 
 /// How long a server connection stays with one client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -72,9 +73,32 @@ pub struct Config {
     /// Run on a session-mode server connection before it goes back to the pool.
     #[serde(default = "defaults::server_reset_query")]
     pub server_reset_query: String,
+    /// Server connections opened ahead of demand per (database, user).
+    #[serde(default)]
+    pub min_pool_size: usize,
     /// Seconds a client may wait for a server connection before it gets an error.
     #[serde(default = "defaults::query_wait_timeout")]
     pub query_wait_timeout: f64,
+    /// Seconds an idle client may stay connected; 0 = forever.
+    #[serde(default)]
+    pub client_idle_timeout: f64,
+    /// Seconds a client may sit idle inside a transaction; 0 = forever.
+    #[serde(default)]
+    pub idle_transaction_timeout: f64,
+    /// Seconds an unused server connection stays open in the pool; 0 = forever.
+    #[serde(default = "defaults::server_idle_timeout")]
+    pub server_idle_timeout: f64,
+    /// Seconds after which a server connection is closed when next released; 0 = forever.
+    #[serde(default = "defaults::server_lifetime")]
+    pub server_lifetime: f64,
+    /// A server connection idle longer than this many seconds is checked with
+    /// a round trip before it is handed out; 0 = always check.
+    #[serde(default = "defaults::server_check_delay")]
+    pub server_check_delay: f64,
+    /// Named prepared statements kept per server connection in transaction
+    /// mode; 0 turns protocol-level prepared statement support off.
+    #[serde(default = "defaults::prepared_statements")]
+    pub prepared_statements: usize,
     /// Seconds to open and log in a server connection.
     #[serde(default = "defaults::server_connect_timeout")]
     pub server_connect_timeout: f64,
@@ -126,6 +150,13 @@ pub struct DatabaseConfig {
     pub dbname: Option<String>,
     pub pool_mode: Option<PoolMode>,
     pub pool_size: Option<usize>,
+    pub min_pool_size: Option<usize>,
+    pub query_wait_timeout: Option<f64>,
+    pub client_idle_timeout: Option<f64>,
+    pub idle_transaction_timeout: Option<f64>,
+    pub server_idle_timeout: Option<f64>,
+    pub server_lifetime: Option<f64>,
+    pub server_connect_timeout: Option<f64>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -203,6 +234,18 @@ mod defaults {
     }
     pub fn shutdown_timeout() -> f64 {
         30.0
+    }
+    pub fn server_idle_timeout() -> f64 {
+        600.0
+    }
+    pub fn server_lifetime() -> f64 {
+        3600.0
+    }
+    pub fn server_check_delay() -> f64 {
+        30.0
+    }
+    pub fn prepared_statements() -> usize {
+        200
     }
     pub fn max_message_size() -> usize {
         256 * 1024 * 1024
@@ -283,6 +326,17 @@ impl Config {
                 return Err(err(key, "expected a positive number of seconds"));
             }
         }
+        for (key, v) in [
+            ("client_idle_timeout", self.client_idle_timeout),
+            ("idle_transaction_timeout", self.idle_transaction_timeout),
+            ("server_idle_timeout", self.server_idle_timeout),
+            ("server_lifetime", self.server_lifetime),
+            ("server_check_delay", self.server_check_delay),
+        ] {
+            if !(v >= 0.0 && v.is_finite()) {
+                return Err(err(key, "expected a number of seconds (0 turns it off)"));
+            }
+        }
         if self.max_message_size < 1024 {
             return Err(err("max_message_size", "expected at least 1024 bytes"));
         }
@@ -292,6 +346,21 @@ impl Config {
                     &format!("databases.{name}.pool_size"),
                     "expected a number greater than 0",
                 ));
+            }
+            for (key, v) in [
+                ("query_wait_timeout", db.query_wait_timeout),
+                ("server_connect_timeout", db.server_connect_timeout),
+                ("client_idle_timeout", db.client_idle_timeout),
+                ("idle_transaction_timeout", db.idle_transaction_timeout),
+                ("server_idle_timeout", db.server_idle_timeout),
+                ("server_lifetime", db.server_lifetime),
+            ] {
+                if v.is_some_and(|v| !(v >= 0.0 && v.is_finite())) {
+                    return Err(err(
+                        &format!("databases.{name}.{key}"),
+                        "expected a number of seconds",
+                    ));
+                }
             }
             if name == crate::admin::ADMIN_DATABASE || name == "pgbouncer" {
                 return Err(err(
@@ -344,6 +413,57 @@ impl Config {
             .or_else(|| self.databases.get(db).and_then(|d| d.pool_size))
             .unwrap_or(self.pool_size)
     }
+
+    /// Every limit of the pool for (database, user), with overrides applied.
+    pub fn limits_for(&self, db: &str, user: &str) -> PoolLimits {
+        let d = self.databases.get(db);
+        let secs = |v: f64| (v > 0.0).then(|| Duration::from_secs_f64(v));
+        let pick =
+            |f: fn(&DatabaseConfig) -> Option<f64>, global: f64| d.and_then(f).unwrap_or(global);
+        PoolLimits {
+            mode: self.pool_mode_for(db, user),
+            size: self.pool_size_for(db, user),
+            min_size: d
+                .and_then(|d| d.min_pool_size)
+                .unwrap_or(self.min_pool_size),
+            query_wait_timeout: Duration::from_secs_f64(pick(
+                |d| d.query_wait_timeout,
+                self.query_wait_timeout,
+            )),
+            server_connect_timeout: Duration::from_secs_f64(pick(
+                |d| d.server_connect_timeout,
+                self.server_connect_timeout,
+            )),
+            client_idle_timeout: secs(pick(|d| d.client_idle_timeout, self.client_idle_timeout)),
+            idle_transaction_timeout: secs(pick(
+                |d| d.idle_transaction_timeout,
+                self.idle_transaction_timeout,
+            )),
+            server_idle_timeout: secs(pick(|d| d.server_idle_timeout, self.server_idle_timeout)),
+            server_lifetime: secs(pick(|d| d.server_lifetime, self.server_lifetime)),
+            server_check_delay: Duration::from_secs_f64(self.server_check_delay),
+            server_reset_query: self.server_reset_query.clone(),
+            prepared_statements: self.prepared_statements,
+        }
+    }
+}
+
+/// The limits and timeouts of one pool, resolved from the configuration.
+/// `None` means "no limit".
+#[derive(Debug, Clone)]
+pub struct PoolLimits {
+    pub mode: PoolMode,
+    pub size: usize,
+    pub min_size: usize,
+    pub query_wait_timeout: Duration,
+    pub server_connect_timeout: Duration,
+    pub client_idle_timeout: Option<Duration>,
+    pub idle_transaction_timeout: Option<Duration>,
+    pub server_idle_timeout: Option<Duration>,
+    pub server_lifetime: Option<Duration>,
+    pub server_check_delay: Duration,
+    pub server_reset_query: String,
+    pub prepared_statements: usize,
 }
 
 impl DatabaseConfig {
@@ -402,5 +522,25 @@ mod tests {
         assert_eq!(c.pool_size_for("a", "u"), 7);
         assert_eq!(c.pool_mode_for("a", "x"), PoolMode::Session);
         assert_eq!(c.pool_mode_for("b", "x"), PoolMode::Transaction);
+    }
+
+    #[test]
+    fn limits_resolve_per_database_and_zero_means_off() {
+        let c = Config::from_yaml(
+            "server_lifetime: 0\nclient_idle_timeout: 5\ndatabases: { a: { client_idle_timeout: 0, server_lifetime: 9, min_pool_size: 2 }, b: {} }\n",
+            "l.yaml",
+        )
+        .unwrap();
+        let a = c.limits_for("a", "u");
+        assert_eq!(a.client_idle_timeout, None);
+        assert_eq!(a.server_lifetime, Some(Duration::from_secs(9)));
+        assert_eq!(a.min_size, 2);
+        let b = c.limits_for("b", "u");
+        assert_eq!(b.client_idle_timeout, Some(Duration::from_secs(5)));
+        assert_eq!(b.server_lifetime, None);
+        assert_eq!(b.server_idle_timeout, Some(Duration::from_secs(600)));
+        let e =
+            Config::from_yaml("databases: { a: { server_lifetime: -1 } }\n", "l.yaml").unwrap_err();
+        assert_eq!(e.key, "databases.a.server_lifetime");
     }
 }

@@ -148,6 +148,8 @@ impl Session {
         let mode = self.pool.mode();
         let max_message = self.app.config.max_message_size;
         let mut shutdown = self.app.shutting_down();
+        let pool = self.pool.clone();
+        let limits = &pool.settings;
         let mut in_buf = BytesMut::new();
         let mut out_buf = BytesMut::new();
         let mut in_walker = FrameWalker::new(max_message);
@@ -163,7 +165,28 @@ impl Session {
             if held.is_none() && in_buf.is_empty() && in_buf.capacity() > 0 {
                 in_buf = BytesMut::new(); // an idle client keeps no buffer
             }
+            // The client's turn to speak, with nothing half-sent: its idle
+            // timeouts run (each loop turn is activity, so they restart).
+            let waiting_on_client = held.is_none() || (flow.quiet() && in_walker.at_boundary());
+            let idle_limit = match (waiting_on_client, flow.status) {
+                (false, _) => None,
+                (true, b'I') => limits
+                    .client_idle_timeout
+                    .map(|t| (t, idle_session_timeout as fn() -> PgError)),
+                (true, _) => limits
+                    .idle_transaction_timeout
+                    .map(|t| (t, idle_in_transaction_timeout as fn() -> PgError)),
+            };
             tokio::select! {
+                end = async {
+                    match idle_limit {
+                        Some((t, error)) => {
+                            tokio::time::sleep(t).await;
+                            End::Error(error())
+                        }
+                        None => std::future::pending().await,
+                    }
+                } => return end,
                 read = async {
                     if in_buf.capacity() == in_buf.len() {
                         client.readable().await?;
@@ -293,6 +316,22 @@ impl Session {
         self.handle.set_server(Some(checkout.conn.cancel.clone()));
         Ok(checkout)
     }
+}
+
+fn idle_session_timeout() -> PgError {
+    PgError::fatal(
+        sqlstate::IDLE_SESSION_TIMEOUT,
+        "terminating connection due to idle-session timeout",
+    )
+    .with_detail("the client was idle longer than client_idle_timeout")
+}
+
+fn idle_in_transaction_timeout() -> PgError {
+    PgError::fatal(
+        sqlstate::IDLE_IN_TRANSACTION_TIMEOUT,
+        "terminating connection due to idle-in-transaction timeout",
+    )
+    .with_detail("the client was idle inside a transaction longer than idle_transaction_timeout")
 }
 
 fn server_lost(detail: &str) -> PgError {

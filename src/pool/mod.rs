@@ -11,7 +11,7 @@ mod registry;
 pub use registry::Pools;
 
 use crate::backend::{self, ServerConn, ServerTarget};
-use crate::config::PoolMode;
+use crate::config::{PoolLimits, PoolMode};
 use crate::protocol::error::sqlstate;
 use crate::protocol::PgError;
 use std::collections::HashMap;
@@ -19,16 +19,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-
-/// Settings of one pool, resolved from the configuration.
-#[derive(Debug, Clone)]
-pub struct PoolSettings {
-    pub mode: PoolMode,
-    pub size: usize,
-    pub query_wait_timeout: Duration,
-    pub server_connect_timeout: Duration,
-    pub server_reset_query: String,
-}
 
 /// Counters of one pool, for the console and metrics. Relaxed atomics.
 #[derive(Debug, Default)]
@@ -46,7 +36,7 @@ pub struct PoolStats {
 pub struct Pool {
     pub database: String,
     pub user: String,
-    pub settings: PoolSettings,
+    pub settings: PoolLimits,
     target: ServerTarget,
     idle: Mutex<Vec<ServerConn>>,
     permits: Arc<Semaphore>,
@@ -66,12 +56,7 @@ pub struct Checkout {
 }
 
 impl Pool {
-    pub fn new(
-        database: String,
-        user: String,
-        target: ServerTarget,
-        settings: PoolSettings,
-    ) -> Self {
+    pub fn new(database: String, user: String, target: ServerTarget, settings: PoolLimits) -> Self {
         Pool {
             database,
             user,
@@ -138,25 +123,14 @@ impl Pool {
             }
         };
         self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
-        loop {
-            let candidate = self.idle.lock().unwrap().pop();
-            match candidate {
-                Some(conn) if conn.looks_alive() => {
-                    self.stats.active.fetch_add(1, Ordering::Relaxed);
-                    return Ok(Checkout {
-                        conn,
-                        fresh: false,
-                        _permit: permit,
-                    });
-                }
-                Some(dead) => {
-                    tracing::info!(
-                        server = dead.id,
-                        pid = dead.backend_pid(),
-                        "dropping dead idle server connection"
-                    );
-                }
-                None => break,
+        while let Some(conn) = self.pop_idle() {
+            if let Some(conn) = self.vet(conn).await {
+                self.stats.active.fetch_add(1, Ordering::Relaxed);
+                return Ok(Checkout {
+                    conn,
+                    fresh: false,
+                    _permit: permit,
+                });
             }
         }
         let conn = backend::connect(&self.target, self.settings.server_connect_timeout).await?;
@@ -170,9 +144,59 @@ impl Pool {
         })
     }
 
-    /// Returns a clean server connection (idle, not in a transaction) to the pool.
+    fn pop_idle(&self) -> Option<ServerConn> {
+        self.idle.lock().unwrap().pop()
+    }
+
+    /// Decides whether an idle connection may be handed out: not past its
+    /// lifetime, not closed by the server, and, if it sat idle longer than
+    /// `server_check_delay`, answering a round trip.
+    async fn vet(&self, mut conn: ServerConn) -> Option<ServerConn> {
+        if self.past_lifetime(&conn) {
+            tracing::debug!(server = conn.id, "server_lifetime reached; closing");
+            return None;
+        }
+        if !conn.looks_alive() {
+            tracing::info!(
+                server = conn.id,
+                pid = conn.backend_pid(),
+                "idle server connection was closed by the server; dropping it"
+            );
+            return None;
+        }
+        if conn.last_used.elapsed() >= self.settings.server_check_delay {
+            let check =
+                tokio::time::timeout(self.settings.server_connect_timeout, conn.simple_query(""))
+                    .await;
+            if !matches!(check, Ok(Ok(()))) {
+                tracing::info!(
+                    server = conn.id,
+                    pid = conn.backend_pid(),
+                    "idle server connection failed its check; dropping it"
+                );
+                return None;
+            }
+        }
+        Some(conn)
+    }
+
+    fn past_lifetime(&self, conn: &ServerConn) -> bool {
+        self.settings
+            .server_lifetime
+            .is_some_and(|l| conn.created.elapsed() >= l)
+    }
+
+    /// Returns a clean server connection (idle, not in a transaction) to the
+    /// pool, or closes it if it has outlived `server_lifetime`.
     pub fn checkin(&self, mut checkout: Checkout) {
         self.stats.active.fetch_sub(1, Ordering::Relaxed);
+        if self.past_lifetime(&checkout.conn) {
+            tracing::debug!(
+                server = checkout.conn.id,
+                "server_lifetime reached; closing"
+            );
+            return;
+        }
         checkout.conn.last_used = std::time::Instant::now();
         self.idle.lock().unwrap().push(checkout.conn);
         // The permit drops here, after the connection is back in the list.
@@ -204,5 +228,62 @@ impl Pool {
     /// Closes every idle connection (used at shutdown).
     pub fn close_idle(&self) {
         self.idle.lock().unwrap().clear();
+    }
+
+    /// Housekeeping, run periodically: closes idle connections past
+    /// `server_idle_timeout` or `server_lifetime` (keeping `min_pool_size`),
+    /// then opens connections up to `min_pool_size`.
+    pub async fn maintain(&self) {
+        let min = self.settings.min_size.min(self.settings.size);
+        {
+            let mut idle = self.idle.lock().unwrap();
+            let active = self.stats.active.load(Ordering::Relaxed);
+            let idle_timeout = self.settings.server_idle_timeout;
+            let lifetime = self.settings.server_lifetime;
+            // Oldest-used first: the LIFO list keeps them at the front.
+            let mut keep = Vec::with_capacity(idle.len());
+            let total = idle.len() + active;
+            let mut closed = 0;
+            for conn in idle.drain(..) {
+                let expired = idle_timeout.is_some_and(|t| conn.last_used.elapsed() >= t)
+                    || lifetime.is_some_and(|l| conn.created.elapsed() >= l);
+                if expired && total - closed > min {
+                    closed += 1;
+                    tracing::debug!(server = conn.id, "closing idle server connection");
+                } else {
+                    keep.push(conn);
+                }
+            }
+            *idle = keep;
+        }
+        while self.idle_count() + self.stats.active.load(Ordering::Relaxed) < min {
+            let Ok(permit) = self.permits.clone().try_acquire_owned() else {
+                break;
+            };
+            match backend::connect(&self.target, self.settings.server_connect_timeout).await {
+                Ok(conn) => {
+                    self.stats.server_connects.fetch_add(1, Ordering::Relaxed);
+                    self.idle.lock().unwrap().push(conn);
+                    drop(permit);
+                }
+                Err(e) => {
+                    tracing::warn!(db = %self.database, user = %self.user, error = %e, "could not open a min_pool_size connection");
+                    break;
+                }
+            }
+        }
+    }
+
+    /// How often [`Pool::maintain`] should run for these settings.
+    pub fn maintenance_interval(&self) -> Duration {
+        let s = &self.settings;
+        [s.server_idle_timeout, s.server_lifetime]
+            .into_iter()
+            .flatten()
+            .map(|d| d / 4)
+            .chain([Duration::from_secs(1)])
+            .min()
+            .unwrap()
+            .max(Duration::from_millis(50))
     }
 }

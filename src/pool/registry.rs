@@ -1,12 +1,11 @@
 //! The set of pools, created on first use from the configuration.
 
-use super::{Pool, PoolSettings};
+use super::Pool;
 use crate::auth::Secret;
 use crate::backend::ServerTarget;
 use crate::config::Config;
 use dashmap::DashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 /// All pools, keyed by (database, user). Looked up once per client login.
 #[derive(Debug, Default)]
@@ -40,23 +39,19 @@ impl Pools {
             user: user.to_string(),
             password: secret.and_then(|s| s.plaintext()).map(str::to_string),
         };
-        let settings = PoolSettings {
-            mode: config.pool_mode_for(database, user),
-            size: config.pool_size_for(database, user),
-            query_wait_timeout: Duration::from_secs_f64(config.query_wait_timeout),
-            server_connect_timeout: Duration::from_secs_f64(config.server_connect_timeout),
-            server_reset_query: config.server_reset_query.clone(),
-        };
+        let settings = config.limits_for(database, user);
         let pool = self
             .map
             .entry(key)
             .or_insert_with(|| {
-                Arc::new(Pool::new(
+                let pool = Arc::new(Pool::new(
                     database.to_string(),
                     user.to_string(),
                     target,
                     settings,
-                ))
+                ));
+                spawn_maintenance(Arc::downgrade(&pool));
+                pool
             })
             .clone();
         Some(pool)
@@ -66,4 +61,17 @@ impl Pools {
     pub fn all(&self) -> Vec<Arc<Pool>> {
         self.map.iter().map(|e| e.value().clone()).collect()
     }
+}
+
+/// Runs [`Pool::maintain`] periodically for as long as the pool exists.
+fn spawn_maintenance(pool: std::sync::Weak<Pool>) {
+    tokio::spawn(async move {
+        loop {
+            let Some(p) = pool.upgrade() else { return };
+            p.maintain().await;
+            let interval = p.maintenance_interval();
+            drop(p);
+            tokio::time::sleep(interval).await;
+        }
+    });
 }

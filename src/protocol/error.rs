@@ -11,6 +11,8 @@ pub mod sqlstate {
     pub const TOO_MANY_CONNECTIONS: &str = "53300";
     pub const PROTOCOL_VIOLATION: &str = "08P01";
     pub const QUERY_CANCELED: &str = "57014";
+    pub const IDLE_SESSION_TIMEOUT: &str = "57P05";
+    pub const IDLE_IN_TRANSACTION_TIMEOUT: &str = "25P03";
     pub const ADMIN_SHUTDOWN: &str = "57P01";
     pub const CONNECTION_FAILURE: &str = "08006";
     pub const CANNOT_CONNECT_NOW: &str = "57P03";

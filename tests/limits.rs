@@ -128,8 +128,7 @@ async fn server_connect_timeout_bounds_a_server_that_never_answers() {
     let e = usher
         .connect_as("alice", "x")
         .await
-        .err()
-        .expect("login fails");
+        .expect_err("login fails");
     assert_eq!(sqlstate(&e).as_deref(), Some("08006"), "{e:?}");
     assert!(
         e.as_db_error().unwrap().message().contains("within 0.5s"),

@@ -51,8 +51,7 @@ async fn every_client_auth_method_logs_in_and_refuses_a_wrong_password() {
             let e = usher
                 .connect_as("alice", "wrong")
                 .await
-                .err()
-                .expect("wrong password refused");
+                .expect_err("wrong password refused");
             assert_eq!(sqlstate(&e).as_deref(), Some("28P01"), "{method}: {e}");
         }
     }
@@ -77,8 +76,7 @@ async fn configured_md5_and_scram_secrets_check_client_passwords() {
         let e = usher
             .connect_as("alice", "wrong")
             .await
-            .err()
-            .expect("wrong password refused");
+            .expect_err("wrong password refused");
         let db = e.as_db_error().expect("an error from usher");
         assert_eq!(db.code().code(), "28P01", "{method}");
         assert!(
@@ -90,8 +88,7 @@ async fn configured_md5_and_scram_secrets_check_client_passwords() {
         let e = usher
             .connect_as("alice", ALICE_PASSWORD)
             .await
-            .err()
-            .expect("no server login without plaintext");
+            .expect_err("no server login without plaintext");
         let db = e.as_db_error().expect("an error from usher");
         assert!(db.message().contains("usher has none"), "{method}: {db:?}");
     }

@@ -3,6 +3,7 @@
 
 use crate::auth::Secret;
 use crate::config::Config;
+use crate::frontend::prepared::StatementRegistry;
 use crate::frontend::registry::ClientRegistry;
 use crate::pool::Pools;
 use rand::RngCore;
@@ -22,6 +23,8 @@ pub struct App {
     pub secrets: HashMap<String, Secret>,
     pub pools: Pools,
     pub clients: Arc<ClientRegistry>,
+    /// Server-side names of prepared statements, shared by all clients.
+    pub statements: StatementRegistry,
     /// Salts the fake SCRAM exchange for unknown users.
     pub mock_key: [u8; 32],
     shutdown: watch::Sender<bool>,
@@ -45,6 +48,7 @@ impl App {
             secrets,
             pools: Pools::new(),
             clients: Arc::new(ClientRegistry::default()),
+            statements: StatementRegistry::default(),
             mock_key,
             shutdown: watch::channel(false).0,
         })

@@ -57,6 +57,10 @@ pub struct ServerConn {
     pub params: HashMap<String, String>,
     pub created: Instant,
     pub last_used: Instant,
+    /// Ids of usher's named statements prepared here, least recently used
+    /// first (see frontend::prepared). Trimmed to the configured bound when
+    /// the connection is next checked out.
+    pub prepared: lru::LruCache<u64, ()>,
 }
 
 impl ServerConn {
@@ -73,6 +77,7 @@ impl ServerConn {
             params,
             created: now,
             last_used: now,
+            prepared: lru::LruCache::unbounded(),
         }
     }
 

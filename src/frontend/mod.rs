@@ -8,6 +8,7 @@
 
 pub mod login;
 pub mod params;
+pub mod prepared;
 pub mod registry;
 pub mod session;
 

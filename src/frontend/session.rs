@@ -3,13 +3,18 @@
 //! The client's bytes are walked message by message (only headers are read;
 //! bodies stream through) and forwarded to a server connection borrowed from
 //! the pool at the first message of a transaction. The server's bytes are
-//! walked the same way, looking only at ReadyForQuery and ParameterStatus.
-//! In transaction mode the server connection goes back to the pool at the
-//! ReadyForQuery 'I' that answers the client's last Sync/Query; in session
-//! mode it stays until the client leaves.
+//! walked the same way, looking only at ReadyForQuery, ParameterStatus and
+//! CommandComplete. In transaction mode the server connection goes back to
+//! the pool at the ReadyForQuery 'I' that answers the client's last
+//! Sync/Query; in session mode it stays until the client leaves.
+//!
+//! In transaction mode with `prepared_statements` on, messages that name a
+//! prepared statement (Parse, Bind, Describe, Close) are read whole and
+//! rewritten by [`super::prepared`]; everything else still streams through.
 
 use super::close_with_error;
 use super::params::SessionParams;
+use super::prepared::{self, Answer, ClientStatements, ResponsePlan, Rewriter};
 use super::registry::{ClientHandle, Registration};
 use crate::app::App;
 use crate::config::PoolMode;
@@ -42,6 +47,9 @@ pub struct Session {
     handle: Arc<ClientHandle>,
     _registration: Registration,
     started: Instant,
+    /// Transaction mode with protocol-level prepared statements on.
+    rewriting: bool,
+    statements: ClientStatements,
 }
 
 /// Why the serve loop ended.
@@ -52,6 +60,29 @@ enum End {
     Error(PgError),
     /// usher is shutting down and the client was idle.
     Shutdown,
+}
+
+/// The forwarding state of one client: the server connection it holds, the
+/// buffers and walkers of both directions, and what the server still owes.
+struct Link {
+    held: Option<Checkout>,
+    flow: Flow,
+    plan: ResponsePlan,
+    in_buf: BytesMut,
+    out_buf: BytesMut,
+    in_walker: FrameWalker,
+    out_walker: FrameWalker,
+}
+
+impl Link {
+    /// The held server connection. Only called where one is held.
+    fn server(&mut self) -> &mut crate::backend::ServerConn {
+        &mut self
+            .held
+            .as_mut()
+            .expect("a server connection is held")
+            .conn
+    }
 }
 
 /// Where the conversation with the server stands, from the messages seen.
@@ -92,6 +123,8 @@ impl Session {
         defaults: Arc<HashMap<String, String>>,
         registration: Registration,
     ) -> Self {
+        let rewriting =
+            pool.mode() == PoolMode::Transaction && pool.settings.prepared_statements > 0;
         Session {
             app,
             addr,
@@ -103,17 +136,28 @@ impl Session {
             handle: registration.handle.clone(),
             _registration: registration,
             started: Instant::now(),
+            rewriting,
+            statements: ClientStatements::default(),
         }
     }
 
     /// Serves the client until it leaves, an error ends it, or shutdown.
     pub async fn serve(mut self, mut client: TcpStream) {
-        let mut held: Option<Checkout> = None;
-        let mut flow = Flow::new();
-        let end = self.serve_loop(&mut client, &mut held, &mut flow).await;
+        let max_message = self.app.config.max_message_size;
+        let mut link = Link {
+            held: None,
+            flow: Flow::new(),
+            plan: ResponsePlan::default(),
+            in_buf: BytesMut::new(),
+            out_buf: BytesMut::new(),
+            // Rewritten messages are read whole, so they may be as large as any.
+            in_walker: FrameWalker::new(max_message).inspect_up_to(max_message),
+            out_walker: FrameWalker::new(usize::MAX >> 1),
+        };
+        let end = self.serve_loop(&mut client, &mut link).await;
         self.handle.set_server(None);
-        if let Some(checkout) = held.take() {
-            let clean = flow.quiet() && flow.status == b'I';
+        if let Some(checkout) = link.held.take() {
+            let clean = link.flow.quiet() && link.flow.status == b'I' && link.out_buf.is_empty();
             match (clean, self.pool.mode()) {
                 (true, PoolMode::Session) => self.pool.reset_and_checkin(checkout).await,
                 (true, PoolMode::Transaction) => self.pool.checkin(checkout),
@@ -139,36 +183,24 @@ impl Session {
         );
     }
 
-    async fn serve_loop(
-        &mut self,
-        client: &mut TcpStream,
-        held: &mut Option<Checkout>,
-        flow: &mut Flow,
-    ) -> End {
-        let mode = self.pool.mode();
-        let max_message = self.app.config.max_message_size;
+    async fn serve_loop(&mut self, client: &mut TcpStream, link: &mut Link) -> End {
         let mut shutdown = self.app.shutting_down();
         let pool = self.pool.clone();
         let limits = &pool.settings;
-        let mut in_buf = BytesMut::new();
-        let mut out_buf = BytesMut::new();
-        let mut in_walker = FrameWalker::new(max_message);
-        let mut out_walker = FrameWalker::new(usize::MAX >> 1);
-
         loop {
+            let between_messages = link.flow.quiet() && link.in_walker.at_boundary();
             // A client may be ended by shutdown only between transactions.
-            let idle =
-                held.is_none() || (flow.quiet() && in_walker.at_boundary() && flow.status == b'I');
+            let idle = link.held.is_none() || (between_messages && link.flow.status == b'I');
             if idle && *shutdown.borrow() {
                 return End::Shutdown;
             }
-            if held.is_none() && in_buf.is_empty() && in_buf.capacity() > 0 {
-                in_buf = BytesMut::new(); // an idle client keeps no buffer
+            if link.held.is_none() && link.in_buf.is_empty() && link.in_buf.capacity() > 0 {
+                link.in_buf = BytesMut::new(); // an idle client keeps no buffer
             }
             // The client's turn to speak, with nothing half-sent: its idle
             // timeouts run (each loop turn is activity, so they restart).
-            let waiting_on_client = held.is_none() || (flow.quiet() && in_walker.at_boundary());
-            let idle_limit = match (waiting_on_client, flow.status) {
+            let waiting_on_client = link.held.is_none() || between_messages;
+            let idle_limit = match (waiting_on_client, link.flow.status) {
                 (false, _) => None,
                 (true, b'I') => limits
                     .client_idle_timeout
@@ -177,7 +209,10 @@ impl Session {
                     .idle_transaction_timeout
                     .map(|t| (t, idle_in_transaction_timeout as fn() -> PgError)),
             };
-            tokio::select! {
+            let in_buf = &mut link.in_buf;
+            let out_buf = &mut link.out_buf;
+            let held = &mut link.held;
+            let event = tokio::select! {
                 end = async {
                     match idle_limit {
                         Some((t, error)) => {
@@ -192,62 +227,146 @@ impl Session {
                         client.readable().await?;
                         in_buf.reserve(BUFFER_SIZE);
                     }
-                    client.read_buf(&mut in_buf).await
-                } => {
-                    match read {
-                        Ok(0) | Err(_) => return End::ClientLeft,
-                        Ok(_) => {}
-                    }
-                    let mut terminate = false;
-                    let walked = in_walker.walk(&in_buf, |_| false, |tag, _| match tag {
-                        b'X' => { terminate = true; Visit::StopBefore }
-                        b'Q' | b'S' | b'F' => { flow.pending += 1; flow.unsynced = false; Visit::Forward }
-                        b'H' | b'd' | b'c' | b'f' => Visit::Forward,
-                        _ => { flow.unsynced = true; Visit::Forward }
-                    });
-                    let walked = match walked {
-                        Ok(w) => w,
-                        Err(e) => return End::Error(e),
-                    };
-                    if walked.forward > 0 {
-                        if held.is_none() {
-                            match self.begin_transaction(client).await {
-                                Ok(c) => {
-                                    *held = Some(c);
-                                    out_buf.reserve(BUFFER_SIZE);
-                                }
-                                Err(e) => return End::Error(e),
-                            }
-                        }
-                        let server = &mut held.as_mut().expect("server held").conn;
-                        if let Err(e) = server.stream.write_all(&in_buf[..walked.forward]).await {
-                            return End::Error(server_lost(&e.to_string()));
-                        }
-                        in_buf.advance(walked.forward);
-                    }
-                    if terminate {
-                        return End::ClientLeft;
-                    }
-                }
+                    client.read_buf(in_buf).await
+                } => match read {
+                    Ok(0) | Err(_) => return End::ClientLeft,
+                    Ok(_) => Event::ClientData,
+                },
                 read = async {
                     match held.as_mut() {
-                        Some(c) => c.conn.stream.read_buf(&mut out_buf).await,
+                        Some(c) => c.conn.stream.read_buf(out_buf).await,
                         None => std::future::pending().await,
                     }
-                } => {
-                    match read {
-                        Ok(0) => return End::Error(server_lost("server closed the connection unexpectedly")),
-                        Err(e) => return End::Error(server_lost(&e.to_string())),
-                        Ok(_) => {}
+                } => match read {
+                    Ok(0) => return End::Error(server_lost("server closed the connection unexpectedly")),
+                    Err(e) => return End::Error(server_lost(&e.to_string())),
+                    Ok(_) => Event::ServerData,
+                },
+                _ = shutdown.changed(), if idle => Event::Shutdown,
+            };
+            let result = match event {
+                Event::ClientData => self.from_client(client, link).await,
+                Event::ServerData => self.from_server(client, link).await,
+                Event::Shutdown => Ok(()),
+            };
+            if let Err(end) = result {
+                return end;
+            }
+        }
+    }
+
+    /// Forwards what the client sent: streams it through, rewriting messages
+    /// that name prepared statements, and borrows a server connection first
+    /// if none is held.
+    async fn from_client(&mut self, client: &mut TcpStream, link: &mut Link) -> Result<(), End> {
+        let rewriting = self.rewriting;
+        loop {
+            let mut stopped_at = None;
+            let flow = &mut link.flow;
+            let plan = &mut link.plan;
+            let walked = link
+                .in_walker
+                .walk(
+                    &link.in_buf,
+                    |tag| rewriting && matches!(tag, b'P' | b'B' | b'D' | b'C'),
+                    |tag, body| match tag {
+                        b'X' => {
+                            stopped_at = Some(tag);
+                            Visit::StopBefore
+                        }
+                        b'Q' | b'S' | b'F' => {
+                            flow.pending += 1;
+                            flow.unsynced = false;
+                            plan.sync_sent();
+                            Visit::Forward
+                        }
+                        b'H' | b'd' | b'c' | b'f' => Visit::Forward,
+                        b'P' | b'B' | b'D' | b'C'
+                            if rewriting && prepared::needs_rewrite(tag, body) =>
+                        {
+                            stopped_at = Some(tag);
+                            Visit::StopBefore
+                        }
+                        _ => {
+                            flow.unsynced = true;
+                            if rewriting && matches!(tag, b'P' | b'C') {
+                                plan.passed(); // its ParseComplete/CloseComplete goes to the client
+                            }
+                            Visit::Forward
+                        }
+                    },
+                )
+                .map_err(End::Error)?;
+            let rewrite = stopped_at.filter(|t| *t != b'X');
+            if (walked.forward > 0 || rewrite.is_some()) && link.held.is_none() {
+                let checkout = self.begin_transaction(client).await.map_err(End::Error)?;
+                link.held = Some(checkout);
+                link.out_buf.reserve(BUFFER_SIZE);
+            }
+            if walked.forward > 0 {
+                let chunk = link.in_buf.split_to(walked.forward);
+                write_server(link.server(), &chunk).await?;
+            }
+            match stopped_at {
+                None => return Ok(()),
+                Some(b'X') => return Err(End::ClientLeft),
+                Some(tag) => {
+                    // The message is whole at the front of the buffer.
+                    let len = u32::from_be_bytes(link.in_buf[1..5].try_into().unwrap()) as usize;
+                    let message = link.in_buf.split_to(1 + len);
+                    let mut out = BytesMut::with_capacity(message.len() + 64);
+                    let checkout = link.held.as_mut().expect("a server connection is held");
+                    Rewriter {
+                        registry: &self.app.statements,
+                        statements: &mut self.statements,
+                        server: &mut checkout.conn,
+                        plan: &mut link.plan,
                     }
-                    let checkout = held.as_mut().expect("server held");
-                    let params = &mut self.params;
-                    let at_boundary = in_walker.at_boundary();
-                    let walked = out_walker.walk(&out_buf, |t| t == b'Z' || t == b'S', |tag, body| match tag {
+                    .rewrite(tag, &message[5..], &mut out)
+                    .map_err(End::Error)?;
+                    link.flow.unsynced = true;
+                    write_server(link.server(), &out).await?;
+                }
+            }
+        }
+    }
+
+    /// Forwards what the server sent, noting transaction status and
+    /// parameters, answering for rewritten prepared statements, and releasing
+    /// the server connection when the transaction is over (transaction mode).
+    async fn from_server(&mut self, client: &mut TcpStream, link: &mut Link) -> Result<(), End> {
+        let mode = self.pool.mode();
+        let rewriting = self.rewriting;
+        let at_boundary = link.in_walker.at_boundary();
+        loop {
+            let mut answer = None;
+            let flow = &mut link.flow;
+            let plan = &mut link.plan;
+            let params = &mut self.params;
+            let statements = &mut self.statements;
+            let defaults = &self.defaults;
+            let server = &mut link
+                .held
+                .as_mut()
+                .expect("a server connection is held")
+                .conn;
+            let walked = link
+                .out_walker
+                .walk(
+                    &link.out_buf,
+                    |tag| matches!(tag, b'Z' | b'S' | b'C' | b'1' | b'3'),
+                    |tag, body| match tag {
                         b'Z' => {
                             flow.pending = flow.pending.saturating_sub(1);
                             flow.status = body.first().copied().unwrap_or(b'I');
-                            if mode == PoolMode::Transaction && flow.status == b'I' && flow.quiet() && at_boundary {
+                            if rewriting {
+                                plan.ready(server);
+                            }
+                            if mode == PoolMode::Transaction
+                                && flow.status == b'I'
+                                && flow.quiet()
+                                && at_boundary
+                            {
                                 Visit::StopAfter
                             } else {
                                 Visit::Forward
@@ -256,52 +375,100 @@ impl Session {
                         b'S' => {
                             if let Some((name, value)) = parse_parameter_status(body) {
                                 params.observe(&name, &value);
-                                checkout.conn.params.insert(name, value);
+                                server.params.insert(name, value);
                             }
                             Visit::Forward
                         }
-                        _ => Visit::Forward,
-                    });
-                    let walked = match walked {
-                        Ok(w) => w,
-                        Err(e) => return End::Error(server_lost(&e.message)),
-                    };
-                    if client.write_all(&out_buf[..walked.forward]).await.is_err() {
-                        return End::ClientLeft;
-                    }
-                    out_buf.advance(walked.forward);
-                    if walked.stopped {
-                        let checkout = held.take().expect("server held");
-                        self.handle.set_server(None);
-                        if out_buf.is_empty() {
-                            self.pool.checkin(checkout);
-                        } else {
-                            // The server said more after its last ReadyForQuery: not clean.
-                            let _ = client.write_all(&out_buf).await;
-                            self.pool.discard(checkout);
+                        b'C' => {
+                            if body == b"DISCARD ALL\0" || body == b"DEALLOCATE ALL\0" {
+                                // The server dropped its statements (and, for
+                                // DISCARD ALL, usher's settings of unreported
+                                // parameters); the client dropped its names.
+                                server.prepared.clear();
+                                statements.clear();
+                                if body == b"DISCARD ALL\0" {
+                                    server.params.retain(|k, _| defaults.contains_key(k));
+                                }
+                            }
+                            Visit::Forward
                         }
-                        out_buf = BytesMut::new();
-                        out_walker = FrameWalker::new(usize::MAX >> 1);
+                        b'1' | b'3' if rewriting => match plan.answer(tag, server) {
+                            Answer::Forward => Visit::Forward,
+                            other => {
+                                answer = Some(other);
+                                Visit::StopBefore
+                            }
+                        },
+                        _ => Visit::Forward,
+                    },
+                )
+                .map_err(|e| End::Error(server_lost(&e.message)))?;
+            if walked.forward > 0 {
+                let chunk = link.out_buf.split_to(walked.forward);
+                client
+                    .write_all(&chunk)
+                    .await
+                    .map_err(|_| End::ClientLeft)?;
+            }
+            match answer {
+                Some(a) => {
+                    link.out_buf.advance(5); // ParseComplete/CloseComplete: no body
+                    if a == Answer::AsParseComplete {
+                        client
+                            .write_all(&[b'1', 0, 0, 0, 4])
+                            .await
+                            .map_err(|_| End::ClientLeft)?;
                     }
                 }
-                _ = shutdown.changed(), if idle => {}
+                None if walked.stopped => {
+                    self.end_transaction(client, link).await;
+                    return Ok(());
+                }
+                None => return Ok(()),
             }
         }
     }
 
-    /// Borrows a server connection and brings its parameters in line with
-    /// the session.
+    /// Transaction mode: the transaction is over; the server connection goes
+    /// back to the pool.
+    async fn end_transaction(&mut self, client: &mut TcpStream, link: &mut Link) {
+        let checkout = link.held.take().expect("a server connection is held");
+        self.handle.set_server(None);
+        if link.out_buf.is_empty() {
+            self.pool.checkin(checkout);
+        } else {
+            // The server said more after its last ReadyForQuery: not clean.
+            let _ = client.write_all(&link.out_buf).await;
+            self.pool.discard(checkout);
+        }
+        link.out_buf = BytesMut::new();
+        link.out_walker = FrameWalker::new(usize::MAX >> 1);
+        link.plan = ResponsePlan::default();
+    }
+
+    /// Borrows a server connection and brings it in line with the session:
+    /// parameters, and the bound on prepared statements it keeps.
     async fn begin_transaction(&mut self, client: &mut TcpStream) -> Result<Checkout, PgError> {
         let mut checkout = self.pool.checkout().await?;
-        if let Some(sql) = self.params.sync_sql(&checkout.conn, &self.defaults) {
-            if let Err(e) = checkout.conn.simple_query(&sql).await {
+        let conn = &mut checkout.conn;
+        let param_sql = self.params.sync_sql(conn, &self.defaults);
+        let mut sql = param_sql.clone().unwrap_or_default();
+        while conn.prepared.len() > self.pool.settings.prepared_statements {
+            if let Some((id, ())) = conn.prepared.pop_lru() {
+                sql.push_str(&format!("DEALLOCATE {};", prepared::server_name(id)));
+            }
+        }
+        if !sql.is_empty() {
+            if let Err(e) = conn.simple_query(&sql).await {
                 self.pool.discard(checkout);
                 return Err(PgError::fatal(
                     &e.code,
-                    format!("could not apply session parameters: {}", e.message),
+                    format!("could not prepare the server connection: {}", e.message),
                 ));
             }
-            let changed = self.params.after_sync(&mut checkout.conn, &self.defaults);
+        }
+        if param_sql.is_some() {
+            let changed = self.params.after_sync(conn, &self.defaults);
             if !changed.is_empty() {
                 let mut out = BytesMut::new();
                 for (name, value) in changed {
@@ -316,6 +483,21 @@ impl Session {
         self.handle.set_server(Some(checkout.conn.cancel.clone()));
         Ok(checkout)
     }
+}
+
+/// What woke the serve loop.
+enum Event {
+    ClientData,
+    ServerData,
+    Shutdown,
+}
+
+async fn write_server(server: &mut crate::backend::ServerConn, bytes: &[u8]) -> Result<(), End> {
+    server
+        .stream
+        .write_all(bytes)
+        .await
+        .map_err(|e| End::Error(server_lost(&e.to_string())))
 }
 
 fn idle_session_timeout() -> PgError {

@@ -38,6 +38,8 @@ pub struct FrameWalker {
     skip: usize,
     /// Largest message accepted.
     max_message: usize,
+    /// Largest body a visitor may ask to see whole.
+    max_inspected: usize,
 }
 
 impl FrameWalker {
@@ -45,7 +47,15 @@ impl FrameWalker {
         FrameWalker {
             skip: 0,
             max_message,
+            max_inspected: MAX_INSPECTED_BODY,
         }
+    }
+
+    /// Lets visitors see bodies of up to `limit` bytes whole (default
+    /// [`MAX_INSPECTED_BODY`]).
+    pub fn inspect_up_to(mut self, limit: usize) -> Self {
+        self.max_inspected = limit;
+        self
     }
 
     /// True when the walker is at a message boundary.
@@ -87,7 +97,7 @@ impl FrameWalker {
             }
             let total = 1 + len;
             let step = if wants_body(tag) {
-                if len > MAX_INSPECTED_BODY {
+                if len > self.max_inspected {
                     return Err(PgError::protocol(format!(
                         "message type '{}' of {len} bytes is too large",
                         printable(tag)

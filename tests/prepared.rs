@@ -1,0 +1,395 @@
+//! Named prepared statements and session state in transaction mode, where a
+//! client's consecutive transactions land on different server connections.
+
+mod common;
+
+use common::{sqlstate, PgCluster, Usher, ALICE_PASSWORD};
+use std::collections::HashSet;
+use std::process::Command;
+
+async fn pid(c: &tokio_postgres::Client) -> i32 {
+    let rows = c.simple_query("SELECT pg_backend_pid()").await.unwrap();
+    match &rows[1] {
+        tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).unwrap().parse().unwrap(),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_follows_its_client_to_other_server_connections() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(pg, "pool_mode: transaction\npool_size: 2\n").await;
+    let mut a = usher.alice().await;
+    let mut b = usher.alice().await;
+    let stmt = a
+        .prepare("SELECT $1::int * 2, pg_backend_pid()")
+        .await
+        .unwrap();
+    let mut pids = HashSet::new();
+    for i in 0..20 {
+        // b holds one server connection in a transaction every other round,
+        // so a's statement must run on whichever connection is free.
+        let tx = if i % 2 == 0 {
+            Some(b.transaction().await.unwrap())
+        } else {
+            None
+        };
+        if let Some(tx) = &tx {
+            tx.query_one("SELECT 1", &[]).await.unwrap();
+        }
+        let row = a.query_one(&stmt, &[&i]).await.unwrap();
+        assert_eq!(row.get::<_, i32>(0), i * 2);
+        pids.insert(row.get::<_, i32>(1));
+        if let Some(tx) = tx {
+            tx.commit().await.unwrap();
+        }
+    }
+    assert_eq!(
+        pids.len(),
+        2,
+        "the statement ran on both server connections: {pids:?}"
+    );
+    // And inside a transaction too.
+    let tx = a.transaction().await.unwrap();
+    assert_eq!(
+        tx.query_one(&stmt, &[&21]).await.unwrap().get::<_, i32>(0),
+        42
+    );
+    tx.commit().await.unwrap();
+    let _ = &mut b;
+}
+
+/// A client speaking the protocol by hand, to choose statement names.
+struct RawClient {
+    stream: tokio::net::TcpStream,
+    buf: bytes::BytesMut,
+}
+
+impl RawClient {
+    async fn connect(usher: &Usher) -> RawClient {
+        use tokio::io::AsyncWriteExt;
+        let mut stream = tokio::net::TcpStream::connect(usher.addr).await.unwrap();
+        let mut out = bytes::BytesMut::new();
+        postgres_protocol::message::frontend::startup_message(
+            [("user", "alice"), ("database", "app")],
+            &mut out,
+        )
+        .unwrap();
+        stream.write_all(&out).await.unwrap();
+        let mut c = RawClient {
+            stream,
+            buf: bytes::BytesMut::new(),
+        };
+        c.until_ready().await;
+        c
+    }
+
+    /// Reads messages up to ReadyForQuery; returns the text of DataRow
+    /// column 0 values and the SQLSTATE of any error.
+    async fn until_ready(&mut self) -> (Vec<String>, Option<String>) {
+        use postgres_protocol::message::backend::Message;
+        use tokio::io::AsyncReadExt;
+        let (mut rows, mut error) = (Vec::new(), None);
+        loop {
+            match Message::parse(&mut self.buf).unwrap() {
+                Some(Message::ReadyForQuery(_)) => return (rows, error),
+                Some(Message::DataRow(r)) => {
+                    let mut ranges = r.ranges();
+                    let range = fallible_iterator::FallibleIterator::next(&mut ranges)
+                        .unwrap()
+                        .unwrap()
+                        .unwrap();
+                    rows.push(String::from_utf8(r.buffer()[range].to_vec()).unwrap());
+                }
+                Some(Message::ErrorResponse(e)) => {
+                    let mut fields = e.fields();
+                    while let Some(f) =
+                        fallible_iterator::FallibleIterator::next(&mut fields).unwrap()
+                    {
+                        if f.type_() == b'C' {
+                            error = Some(String::from_utf8_lossy(f.value_bytes()).into_owned());
+                        }
+                    }
+                }
+                Some(_) => {}
+                None => {
+                    assert!(
+                        self.stream.read_buf(&mut self.buf).await.unwrap() > 0,
+                        "usher closed the connection"
+                    );
+                }
+            }
+        }
+    }
+
+    async fn send(
+        &mut self,
+        build: impl FnOnce(&mut bytes::BytesMut),
+    ) -> (Vec<String>, Option<String>) {
+        use tokio::io::AsyncWriteExt;
+        let mut out = bytes::BytesMut::new();
+        build(&mut out);
+        postgres_protocol::message::frontend::sync(&mut out);
+        self.stream.write_all(&out).await.unwrap();
+        self.until_ready().await
+    }
+
+    async fn parse(&mut self, name: &str, query: &str) -> Option<String> {
+        self.send(|out| {
+            postgres_protocol::message::frontend::parse(name, query, std::iter::empty(), out)
+                .unwrap()
+        })
+        .await
+        .1
+    }
+
+    async fn execute(&mut self, name: &str) -> (Vec<String>, Option<String>) {
+        use postgres_protocol::message::frontend;
+        self.send(|out| {
+            frontend::bind(
+                "",
+                name,
+                std::iter::empty::<i16>(),
+                std::iter::empty::<()>(),
+                |_, _| {
+                    Ok::<_, Box<dyn std::error::Error + Sync + Send>>(
+                        postgres_protocol::IsNull::Yes,
+                    )
+                },
+                Some(0),
+                out,
+            )
+            .map_err(|_| ())
+            .unwrap();
+            frontend::execute("", 0, out).unwrap();
+        })
+        .await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_names_in_different_clients_never_collide() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(
+        pg,
+        "pool_mode: transaction\npool_size: 1\nauth: { method: trust }\n",
+    )
+    .await;
+    let mut a = RawClient::connect(&usher).await;
+    let mut b = RawClient::connect(&usher).await;
+    assert_eq!(a.parse("q", "SELECT 'from a'").await, None);
+    assert_eq!(b.parse("q", "SELECT 'from b'").await, None);
+    for _ in 0..3 {
+        assert_eq!(a.execute("q").await, (vec!["from a".to_string()], None));
+        assert_eq!(b.execute("q").await, (vec!["from b".to_string()], None));
+    }
+    // Re-preparing a name after closing it takes the new text.
+    a.send(|out| postgres_protocol::message::frontend::close(b'S', "q", out).unwrap())
+        .await;
+    assert_eq!(a.parse("q", "SELECT 'a again'").await, None);
+    assert_eq!(a.execute("q").await, (vec!["a again".to_string()], None));
+    // A name the client never prepared is an error, as on PostgreSQL.
+    assert_eq!(a.execute("nope").await.1.as_deref(), Some("26000"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_errors_and_reprepare_behave_as_direct() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(pg, "pool_mode: transaction\npool_size: 2\n").await;
+    let c = usher.alice().await;
+    // A statement that fails to parse leaves nothing behind.
+    let e = c.prepare("SELEC 1").await.unwrap_err();
+    assert_eq!(sqlstate(&e).as_deref(), Some("42601"));
+    let ok = c.prepare("SELECT 1").await.unwrap();
+    assert_eq!(c.query_one(&ok, &[]).await.unwrap().get::<_, i32>(0), 1);
+    // Dropping a statement closes it; preparing again works.
+    drop(ok);
+    for _ in 0..3 {
+        let s = c.prepare("SELECT 2").await.unwrap();
+        assert_eq!(c.query_one(&s, &[]).await.unwrap().get::<_, i32>(0), 2);
+    }
+    // An error inside a pipeline does not confuse later statements.
+    let good = c.prepare("SELECT $1::int").await.unwrap();
+    let (bad, fine) = tokio::join!(c.query_one("SELECT 1/0", &[]), c.query_one(&good, &[&5]));
+    assert_eq!(sqlstate(&bad.unwrap_err()).as_deref(), Some("22012"));
+    assert_eq!(fine.unwrap().get::<_, i32>(0), 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deallocate_all_and_discard_all_forget_statements() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(pg, "pool_mode: transaction\npool_size: 1\n").await;
+    let c = usher.alice().await;
+    for command in ["DEALLOCATE ALL", "DISCARD ALL"] {
+        let s = c.prepare("SELECT 3").await.unwrap();
+        assert_eq!(c.query_one(&s, &[]).await.unwrap().get::<_, i32>(0), 3);
+        c.batch_execute(command).await.unwrap();
+        let e = c.query_one(&s, &[]).await.unwrap_err();
+        assert_eq!(sqlstate(&e).as_deref(), Some("26000"), "{command}: {e:?}");
+        let again = c.prepare("SELECT 3").await.unwrap();
+        assert_eq!(
+            c.query_one(&again, &[]).await.unwrap().get::<_, i32>(0),
+            3,
+            "{command}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_server_connection_keeps_a_bounded_number_of_statements() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(
+        pg,
+        "pool_mode: transaction\npool_size: 1\nprepared_statements: 3\n",
+    )
+    .await;
+    let c = usher.alice().await;
+    let mut statements = Vec::new();
+    for i in 0..10 {
+        statements.push(c.prepare(&format!("SELECT {i}")).await.unwrap());
+    }
+    for round in 0..3 {
+        for (i, s) in statements.iter().enumerate() {
+            assert_eq!(
+                c.query_one(s, &[]).await.unwrap().get::<_, i32>(0),
+                i as i32,
+                "round {round}"
+            );
+        }
+        // Counted in a new transaction, after usher trimmed the connection.
+        let rows = c
+            .simple_query("SELECT count(*) FROM pg_prepared_statements")
+            .await
+            .unwrap();
+        let n: usize = match &rows[1] {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).unwrap().parse().unwrap(),
+            other => panic!("{other:?}"),
+        };
+        assert!(n <= 3, "round {round}: {n} statements kept on the server");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_feature_named_statements_break_across_servers() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(
+        pg,
+        "pool_mode: transaction\npool_size: 2\nprepared_statements: 0\n",
+    )
+    .await;
+    let a = usher.alice().await;
+    let mut b = usher.alice().await;
+    let s = a.prepare("SELECT 4").await.unwrap();
+    // b takes the server connection the statement lives on.
+    let tx = b.transaction().await.unwrap();
+    tx.query_one("SELECT 1", &[]).await.unwrap();
+    let e = a.query_one(&s, &[]).await.unwrap_err();
+    assert_eq!(sqlstate(&e).as_deref(), Some("26000"), "{e:?}");
+    tx.commit().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pgbench_prepared_and_extended_through_a_small_pool() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(pg, "pool_mode: transaction\npool_size: 5\n").await;
+    let port = usher.addr.port().to_string();
+    let report = tokio::task::spawn_blocking(move || {
+        let run = |args: &[&str]| {
+            let out = Command::new("pgbench")
+                .args(["-h", "127.0.0.1", "-p", &port, "-U", "alice"])
+                .args(args)
+                .arg("app")
+                .env("PGPASSWORD", ALICE_PASSWORD)
+                .output()
+                .unwrap();
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(out.status.success(), "pgbench {args:?}:\n{text}");
+            text
+        };
+        run(&["-i", "-q", "-s", "1"]);
+        let mut reports = Vec::new();
+        // In prepared mode pgbench prepares each statement synchronously at
+        // its first use, blocking its whole thread until a server connection
+        // is free; with several clients per thread and fewer server
+        // connections than clients, that thread's other clients (holding
+        // those connections mid-transaction) could never go on. Any pooler
+        // deadlocks pgbench that way, so prepared mode gets a thread per client.
+        reports.push((
+            "prepared",
+            run(&["-M", "prepared", "-c", "20", "-j", "20", "-T", "4"]),
+        ));
+        reports.push((
+            "extended",
+            run(&["-M", "extended", "-c", "20", "-j", "2", "-T", "4"]),
+        ));
+        reports
+    })
+    .await
+    .unwrap();
+    for (mode, text) in report {
+        let failed = text
+            .lines()
+            .find_map(|l| l.strip_prefix("number of failed transactions: "));
+        assert_eq!(
+            failed.map(|f| f.split_whitespace().next().unwrap()),
+            Some("0"),
+            "{mode}:\n{text}"
+        );
+        let processed: u64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("number of transactions actually processed: "))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or_else(|| panic!("{mode}: no summary in\n{text}"));
+        assert!(processed > 100, "{mode}: {processed}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_settings_follow_each_client_on_a_shared_server() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(pg, "pool_mode: transaction\npool_size: 1\n").await;
+    let connect = |app: &'static str, path: &'static str| {
+        let conn = format!(
+            "{} application_name={app} options='-c search_path={path}'",
+            usher.conn_str("alice", ALICE_PASSWORD)
+        );
+        async move {
+            let (c, driver) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            tokio::spawn(driver);
+            c
+        }
+    };
+    let a = connect("app_a", "pg_catalog").await;
+    let b = connect("app_b", "information_schema").await;
+    let show = "SELECT current_setting('application_name') || '/' || current_setting('search_path') || '/' || current_setting('DateStyle')";
+    for i in 0..5 {
+        let (ra, rb) = (
+            a.query_one(show, &[]).await.unwrap(),
+            b.query_one(show, &[]).await.unwrap(),
+        );
+        let expect_a = if i < 2 {
+            "app_a/pg_catalog/ISO, MDY"
+        } else {
+            "renamed_a/pg_catalog/SQL, DMY"
+        };
+        assert_eq!(ra.get::<_, String>(0), expect_a, "round {i}");
+        assert_eq!(
+            rb.get::<_, String>(0),
+            "app_b/information_schema/ISO, MDY",
+            "round {i}"
+        );
+        if i == 1 {
+            // SET of reported parameters follows the client too.
+            a.batch_execute("SET application_name = 'renamed_a'; SET DateStyle = 'SQL, DMY'")
+                .await
+                .unwrap();
+        }
+    }
+    assert_eq!(pid(&a).await, pid(&b).await);
+}

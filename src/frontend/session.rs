@@ -245,8 +245,8 @@ impl Session {
                 _ = shutdown.changed(), if idle => Event::Shutdown,
             };
             let result = match event {
-                Event::ClientData => self.from_client(client, link).await,
-                Event::ServerData => self.from_server(client, link).await,
+                Event::ClientData => self.forward_client_data(client, link).await,
+                Event::ServerData => self.forward_server_data(client, link).await,
                 Event::Shutdown => Ok(()),
             };
             if let Err(end) = result {
@@ -258,7 +258,11 @@ impl Session {
     /// Forwards what the client sent: streams it through, rewriting messages
     /// that name prepared statements, and borrows a server connection first
     /// if none is held.
-    async fn from_client(&mut self, client: &mut TcpStream, link: &mut Link) -> Result<(), End> {
+    async fn forward_client_data(
+        &mut self,
+        client: &mut TcpStream,
+        link: &mut Link,
+    ) -> Result<(), End> {
         let rewriting = self.rewriting;
         loop {
             let mut stopped_at = None;
@@ -334,7 +338,11 @@ impl Session {
     /// Forwards what the server sent, noting transaction status and
     /// parameters, answering for rewritten prepared statements, and releasing
     /// the server connection when the transaction is over (transaction mode).
-    async fn from_server(&mut self, client: &mut TcpStream, link: &mut Link) -> Result<(), End> {
+    async fn forward_server_data(
+        &mut self,
+        client: &mut TcpStream,
+        link: &mut Link,
+    ) -> Result<(), End> {
         let mode = self.pool.mode();
         let rewriting = self.rewriting;
         let at_boundary = link.in_walker.at_boundary();

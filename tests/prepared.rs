@@ -311,22 +311,22 @@ async fn pgbench_prepared_and_extended_through_a_small_pool() {
             text
         };
         run(&["-i", "-q", "-s", "1"]);
-        let mut reports = Vec::new();
         // In prepared mode pgbench prepares each statement synchronously at
         // its first use, blocking its whole thread until a server connection
         // is free; with several clients per thread and fewer server
         // connections than clients, that thread's other clients (holding
         // those connections mid-transaction) could never go on. Any pooler
         // deadlocks pgbench that way, so prepared mode gets a thread per client.
-        reports.push((
-            "prepared",
-            run(&["-M", "prepared", "-c", "20", "-j", "20", "-T", "4"]),
-        ));
-        reports.push((
-            "extended",
-            run(&["-M", "extended", "-c", "20", "-j", "2", "-T", "4"]),
-        ));
-        reports
+        vec![
+            (
+                "prepared",
+                run(&["-M", "prepared", "-c", "20", "-j", "20", "-T", "4"]),
+            ),
+            (
+                "extended",
+                run(&["-M", "extended", "-c", "20", "-j", "2", "-T", "4"]),
+            ),
+        ]
     })
     .await
     .unwrap();

@@ -327,3 +327,47 @@ async fn a_large_result_is_not_held_in_memory_whole() {
         "usher's peak memory grew from {before} kB to {after} kB while streaming ~300 MB"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn psql_ctrl_c_cancels_through_usher() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(pg, "pool_mode: transaction\n").await;
+    let port = usher.addr.port().to_string();
+    let child = tokio::process::Command::new("psql")
+        .args([
+            "-X",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-U",
+            "alice",
+            "-d",
+            "app",
+            "-c",
+            "SELECT pg_sleep(30)",
+        ])
+        .env("PGPASSWORD", ALICE_PASSWORD)
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until the query runs on the server, then press Ctrl-C.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pg.psql_super("SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(30)' AND state = 'active'") != "1" {
+        assert!(Instant::now() < deadline, "the query never started");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let started = Instant::now();
+    unsafe { libc::kill(child.id().unwrap() as i32, libc::SIGINT) };
+    let out = tokio::time::timeout(Duration::from_secs(10), child.wait_with_output())
+        .await
+        .expect("psql ends")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("canceling statement due to user request"),
+        "{stderr}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+}

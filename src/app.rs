@@ -2,9 +2,14 @@
 //! and graceful shutdown.
 
 use crate::auth::Secret;
-use crate::config::Config;
+use crate::config::{Config, OnError};
 use crate::frontend::prepared::StatementRegistry;
 use crate::frontend::registry::ClientRegistry;
+use crate::hooks::lua::{LoadError, LuaEngine, LuaServices, LuaSettings};
+use crate::hooks::query::QueryPool;
+use crate::hooks::roles::RoleCache;
+use crate::hooks::shared::SharedStore;
+use crate::hooks::{Dispatcher, Hook};
 use crate::pool::Pools;
 use rand::RngCore;
 use std::collections::HashMap;
@@ -27,11 +32,26 @@ pub struct App {
     pub statements: StatementRegistry,
     /// Salts the fake SCRAM exchange for unknown users.
     pub mock_key: [u8; 32],
+    /// The hooks of every event and the global switch.
+    pub hooks: Dispatcher,
+    /// What Lua hooks reach beyond their VMs (shared store, role graph,
+    /// query pool); survives reloads.
+    pub lua_services: Arc<LuaServices>,
     shutdown: watch::Sender<bool>,
 }
 
+/// How usher was started, beyond the configuration file.
+#[derive(Debug, Clone, Default)]
+pub struct StartOptions {
+    /// `--no-hooks` / `USHER_HOOKS=off`: start with the hook switch off.
+    pub hooks_off: bool,
+}
+
 impl App {
-    pub fn new(config: Config) -> Arc<App> {
+    /// Builds the app and loads the hooks. Broken hook files stop start-up,
+    /// unless hooks start switched off (the recovery path): then they are
+    /// reported and RELOAD can bring them in once fixed.
+    pub fn new(config: Config, options: StartOptions) -> anyhow::Result<Arc<App>> {
         let secrets = config
             .users
             .iter()
@@ -43,15 +63,71 @@ impl App {
             .collect();
         let mut mock_key = [0u8; 32];
         rand::thread_rng().fill_bytes(&mut mock_key);
-        Arc::new(App {
+        let h = &config.hooks;
+        let enabled = h.enabled && !options.hooks_off;
+        let query = Arc::new(QueryPool::new(
+            config.hook_query_connection(),
+            h.query.as_ref().map_or(1, |q| q.pool_size),
+            Duration::from_millis(h.query.as_ref().map_or(1000, |q| q.timeout_ms)),
+        ));
+        let roles = Arc::new(RoleCache::default());
+        if query.configured() {
+            roles.spawn_refresher(query.clone(), Duration::from_secs_f64(h.roles_refresh_s));
+        }
+        let lua_services = Arc::new(LuaServices {
+            shared: SharedStore::new(h.shared_max_keys),
+            roles,
+            query,
+        });
+        let app = Arc::new(App {
+            hooks: Dispatcher::new(enabled, h.on_error == OnError::Allow),
             config: Arc::new(config),
             secrets,
             pools: Pools::new(),
             clients: Arc::new(ClientRegistry::default()),
             statements: StatementRegistry::default(),
             mock_key,
+            lua_services,
             shutdown: watch::channel(false).0,
-        })
+        });
+        match app.reload_hooks() {
+            Ok(n) => tracing::info!(files = n, enabled, "hooks loaded"),
+            Err(errors) if !enabled => {
+                for e in &errors {
+                    tracing::error!(error = %e, "hook file failed to load (hooks are off; fix it and RELOAD)");
+                }
+            }
+            Err(errors) => {
+                let list: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+                anyhow::bail!(
+                    "hooks failed to load:\n  {}\n(start with --no-hooks or USHER_HOOKS=off to run without them)",
+                    list.join("\n  ")
+                );
+            }
+        }
+        Ok(app)
+    }
+
+    /// The Lua engine settings from the configuration.
+    pub fn lua_settings(config: &Config) -> LuaSettings {
+        let h = &config.hooks;
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        LuaSettings {
+            dir: h.dir.clone(),
+            timeout: Duration::from_millis(h.timeout_ms),
+            memory_limit: h.memory_limit_mb * 1024 * 1024,
+            max_idle_vms: if h.vms == 0 { cores * 2 } else { h.vms },
+        }
+    }
+
+    /// Compiles the hook files anew and swaps them in; if any file fails,
+    /// the running set stays. Returns how many files were loaded.
+    pub fn reload_hooks(&self) -> Result<usize, Vec<LoadError>> {
+        let engine = LuaEngine::load(App::lua_settings(&self.config), self.lua_services.clone())?;
+        let hooks: Vec<Arc<dyn Hook>> = engine.hooks();
+        let files = engine.file_names().len();
+        self.hooks.set_hooks(hooks);
+        Ok(files)
     }
 
     /// True for users listed in the config.
@@ -77,11 +153,13 @@ pub struct Server {
 }
 
 impl Server {
-    /// Binds `config.listen`.
-    pub async fn bind(config: Config) -> std::io::Result<Server> {
-        let listener = TcpListener::bind(config.listen).await?;
+    /// Binds `config.listen` and builds the app.
+    pub async fn bind(config: Config, options: StartOptions) -> anyhow::Result<Server> {
+        let listener = TcpListener::bind(config.listen)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
         Ok(Server {
-            app: App::new(config),
+            app: App::new(config, options)?,
             listener,
         })
     }

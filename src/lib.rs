@@ -9,6 +9,7 @@ pub mod auth;
 pub mod backend;
 pub mod config;
 pub mod frontend;
+pub mod hooks;
 pub mod pool;
 pub mod protocol;
 

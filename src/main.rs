@@ -21,6 +21,10 @@ struct Cli {
         env = "USHER_CONFIG"
     )]
     config: PathBuf,
+    /// Start with hooks switched off (also USHER_HOOKS=off): the recovery
+    /// path when a hook rejects everyone.
+    #[arg(long, global = true)]
+    no_hooks: bool,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -31,6 +35,9 @@ enum Command {
     Run,
     /// Validate the configuration and exit (non-zero if it is invalid).
     Check,
+    /// Work with hook files: check them, or try them on a made-up client.
+    #[command(subcommand)]
+    Hooks(usher::hooks::cli::HooksCommand),
 }
 
 fn main() -> ExitCode {
@@ -47,25 +54,47 @@ fn main() -> ExitCode {
             println!("{}: configuration is valid", cli.config.display());
             ExitCode::SUCCESS
         }
-        Command::Run => run(config),
+        Command::Run => {
+            let hooks_off = cli.no_hooks
+                || std::env::var("USHER_HOOKS").is_ok_and(|v| v.eq_ignore_ascii_case("off"));
+            run(config, usher::app::StartOptions { hooks_off })
+        }
+        Command::Hooks(cmd) => usher::hooks::cli::run(&config, cmd),
     }
 }
 
-fn run(config: Config) -> ExitCode {
+fn run(config: Config, options: usher::app::StartOptions) -> ExitCode {
     init_logging(&config);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("tokio runtime");
     runtime.block_on(async move {
-        let server = match usher::Server::bind(config.clone()).await {
+        let server = match usher::Server::bind(config, options).await {
             Ok(s) => s,
             Err(e) => {
-                tracing::error!(listen = %config.listen, error = %e, "cannot listen");
+                tracing::error!("{e:#}");
+                eprintln!("usher: {e:#}");
                 return ExitCode::from(1);
             }
         };
         let app = server.app.clone();
+        let reload_app = server.app.clone();
+        tokio::spawn(async move {
+            use tokio::signal::unix::{signal, SignalKind};
+            let mut hup = signal(SignalKind::hangup()).expect("SIGHUP handler");
+            while hup.recv().await.is_some() {
+                tracing::info!("SIGHUP: reloading hooks");
+                match reload_app.reload_hooks() {
+                    Ok(n) => tracing::info!(files = n, "hooks reloaded"),
+                    Err(errors) => {
+                        for e in errors {
+                            tracing::error!(error = %e, "hook reload failed; the running hooks stay");
+                        }
+                    }
+                }
+            }
+        });
         tokio::spawn(async move {
             use tokio::signal::unix::{signal, SignalKind};
             let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");

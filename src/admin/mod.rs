@@ -121,6 +121,36 @@ impl Console {
         match words.as_slice() {
             [] => Ok(Reply::Empty),
             ["SHOW" | "SELECT", what] => self.show(what),
+            ["ENABLE", "HOOKS"] => {
+                self.require_admin()?;
+                self.app.hooks.set_enabled(true);
+                Ok(Reply::Command("ENABLE HOOKS".into()))
+            }
+            ["DISABLE", "HOOKS"] => {
+                self.require_admin()?;
+                self.app.hooks.set_enabled(false);
+                Ok(Reply::Command("DISABLE HOOKS".into()))
+            }
+            ["RELOAD"] => {
+                self.require_admin()?;
+                match self.app.reload_hooks() {
+                    Ok(n) => {
+                        tracing::info!(files = n, "RELOAD: hooks reloaded");
+                        Ok(Reply::Command("RELOAD".into()))
+                    }
+                    Err(errors) => {
+                        let list: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+                        for e in &list {
+                            tracing::error!(error = %e, "RELOAD: hook file failed; the running hooks stay");
+                        }
+                        Err(PgError::error(
+                            sqlstate::INVALID_PARAMETER_VALUE,
+                            "reload failed; the running hooks stay",
+                        )
+                        .with_detail(list.join("\n")))
+                    }
+                }
+            }
             ["SHUTDOWN"] => {
                 self.require_admin()?;
                 self.app.begin_shutdown();
@@ -148,22 +178,65 @@ impl Console {
         match what {
             "HELP" => Ok(Reply::rows(
                 &["command"],
-                ["SHOW HELP|VERSION|POOLS", "SHUTDOWN"]
-                    .iter()
-                    .map(|c| vec![Some(c.to_string())])
-                    .collect(),
+                [
+                    "SHOW HELP|VERSION|POOLS|HOOKS",
+                    "ENABLE HOOKS",
+                    "DISABLE HOOKS",
+                    "RELOAD",
+                    "SHUTDOWN",
+                ]
+                .iter()
+                .map(|c| vec![Some(c.to_string())])
+                .collect(),
             )),
             "VERSION" => Ok(Reply::rows(
                 &["version"],
                 vec![vec![Some(format!("usher {}", env!("CARGO_PKG_VERSION")))]],
             )),
             "POOLS" => Ok(self.show_pools()),
+            "HOOKS" => Ok(self.show_hooks()),
             other => Err(PgError::error(
                 sqlstate::SYNTAX_ERROR,
                 format!("unknown SHOW item: {other}"),
             )
             .with_hint("SHOW HELP lists the commands")),
         }
+    }
+
+    fn show_hooks(&self) -> Reply {
+        let enabled = self.app.hooks.enabled();
+        let rows = self
+            .app
+            .hooks
+            .rows()
+            .into_iter()
+            .map(|h| {
+                let events: Vec<&str> = h.events.iter().map(|e| e.name()).collect();
+                vec![
+                    Some(h.name),
+                    Some(events.join(",")),
+                    Some(h.calls.to_string()),
+                    Some(h.rejects.to_string()),
+                    Some(h.errors.to_string()),
+                    Some(h.timeouts.to_string()),
+                    h.last_error,
+                    Some(if enabled { "on" } else { "off" }.to_string()),
+                ]
+            })
+            .collect();
+        Reply::rows(
+            &[
+                "hook",
+                "events",
+                "calls",
+                "rejects",
+                "errors",
+                "timeouts",
+                "last_error",
+                "enabled",
+            ],
+            rows,
+        )
     }
 
     fn show_pools(&self) -> Reply {

@@ -121,6 +121,69 @@ pub struct Config {
     pub admin: AdminConfig,
     #[serde(default)]
     pub log: LogConfig,
+    #[serde(default)]
+    pub hooks: HooksConfig,
+}
+
+/// What a client_connection hook failure does to the client.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnError {
+    /// Refuse the client (fail closed).
+    #[default]
+    Reject,
+    /// Let the client in.
+    Allow,
+}
+
+/// `hooks:`: the hook framework.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HooksConfig {
+    /// The global switch (also ENABLE/DISABLE HOOKS, --no-hooks, USHER_HOOKS=off).
+    #[serde(default = "defaults::yes")]
+    pub enabled: bool,
+    /// Folder of Lua hook files, relative to the working directory.
+    #[serde(default = "defaults::hooks_dir")]
+    pub dir: std::path::PathBuf,
+    /// Time budget of one hook call, in milliseconds.
+    #[serde(default = "defaults::hooks_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Memory limit of one Lua VM, in MiB.
+    #[serde(default = "defaults::hooks_memory_limit_mb")]
+    pub memory_limit_mb: usize,
+    #[serde(default)]
+    pub on_error: OnError,
+    /// Idle Lua VMs kept for reuse; 0 = twice the number of cores.
+    #[serde(default)]
+    pub vms: usize,
+    /// Where `usher.query` and the role graph ask their questions.
+    pub query: Option<HookQueryConfig>,
+    /// Seconds between refreshes of the cached role graph.
+    #[serde(default = "defaults::roles_refresh_s")]
+    pub roles_refresh_s: f64,
+    /// Keys `usher.shared` keeps at most.
+    #[serde(default = "defaults::shared_max_keys")]
+    pub shared_max_keys: usize,
+}
+
+impl Default for HooksConfig {
+    fn default() -> Self {
+        serde_yaml::from_str("{}").expect("hooks defaults")
+    }
+}
+
+/// `hooks.query`: a database and user (listed under `users` with a
+/// plaintext password) for the hooks' own small connection pool.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HookQueryConfig {
+    pub database: String,
+    pub user: String,
+    #[serde(default = "defaults::query_pool_size")]
+    pub pool_size: usize,
+    #[serde(default = "defaults::query_timeout_ms")]
+    pub timeout_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -262,6 +325,30 @@ mod defaults {
     pub fn log_level() -> String {
         "info".into()
     }
+    pub fn yes() -> bool {
+        true
+    }
+    pub fn hooks_dir() -> std::path::PathBuf {
+        "hooks".into()
+    }
+    pub fn hooks_timeout_ms() -> u64 {
+        100
+    }
+    pub fn hooks_memory_limit_mb() -> usize {
+        32
+    }
+    pub fn roles_refresh_s() -> f64 {
+        30.0
+    }
+    pub fn shared_max_keys() -> usize {
+        10_000
+    }
+    pub fn query_pool_size() -> usize {
+        2
+    }
+    pub fn query_timeout_ms() -> u64 {
+        1000
+    }
 }
 
 /// A configuration that could not be loaded: which file, which key, what was wrong.
@@ -377,6 +464,51 @@ impl Config {
                 ));
             }
         }
+        if self.hooks.timeout_ms == 0 {
+            return Err(err(
+                "hooks.timeout_ms",
+                "expected a number of milliseconds greater than 0",
+            ));
+        }
+        if self.hooks.memory_limit_mb == 0 {
+            return Err(err(
+                "hooks.memory_limit_mb",
+                "expected a number of MiB greater than 0",
+            ));
+        }
+        if !(self.hooks.roles_refresh_s > 0.0 && self.hooks.roles_refresh_s.is_finite()) {
+            return Err(err(
+                "hooks.roles_refresh_s",
+                "expected a positive number of seconds",
+            ));
+        }
+        if let Some(q) = &self.hooks.query {
+            if !self.databases.contains_key(&q.database) {
+                return Err(err(
+                    "hooks.query.database",
+                    &format!(
+                        "expected a database listed under `databases`, got `{}`",
+                        q.database
+                    ),
+                ));
+            }
+            let plaintext = self
+                .users
+                .get(&q.user)
+                .and_then(|u| u.password.as_deref())
+                .is_some_and(|p| {
+                    !p.starts_with("SCRAM-SHA-256$") && !(p.len() == 35 && p.starts_with("md5"))
+                });
+            if !plaintext {
+                return Err(err(
+                    "hooks.query.user",
+                    &format!(
+                        "expected a user listed under `users` with a plaintext password, got `{}`",
+                        q.user
+                    ),
+                ));
+            }
+        }
         for (i, name) in self.admin.users.iter().enumerate() {
             if !self.users.contains_key(name) {
                 return Err(err(
@@ -445,6 +577,25 @@ impl Config {
             server_reset_query: self.server_reset_query.clone(),
             prepared_statements: self.prepared_statements,
         }
+    }
+}
+
+impl Config {
+    /// The tokio-postgres connection settings for `hooks.query`, if configured.
+    pub fn hook_query_connection(&self) -> Option<tokio_postgres::Config> {
+        let q = self.hooks.query.as_ref()?;
+        let db = self.databases.get(&q.database)?;
+        let mut c = tokio_postgres::Config::new();
+        c.host(&db.host)
+            .port(db.port)
+            .dbname(db.server_dbname(&q.database))
+            .user(&q.user)
+            .application_name("usher hooks")
+            .connect_timeout(Duration::from_secs_f64(self.server_connect_timeout));
+        if let Some(p) = self.users.get(&q.user).and_then(|u| u.password.as_deref()) {
+            c.password(p);
+        }
+        Some(c)
     }
 }
 

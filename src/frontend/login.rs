@@ -7,6 +7,7 @@ use super::params::SessionParams;
 use super::session::Session;
 use crate::app::App;
 use crate::auth::{self, AuthAttempt, AuthOutcome};
+use crate::hooks::{ClientInfo, ConnectionCtx, Event, Vars};
 use crate::protocol::error::sqlstate;
 use crate::protocol::messages;
 use crate::protocol::startup::{read_startup, StartupPacket};
@@ -48,15 +49,16 @@ pub async fn handle_client(app: Arc<App>, mut stream: TcpStream, addr: SocketAdd
         Ok(Ok(None)) => {}
         Ok(Err(e)) => close_with_error(&mut stream, &e).await,
         Err(_) => {
-            AuthAttempt {
-                user: progress.user.unwrap_or_default(),
-                user_exists: false,
+            let user = progress.user.unwrap_or_default();
+            let attempt = AuthAttempt {
+                user_exists: app.user_exists(&user),
+                user,
                 database: progress.database.unwrap_or_default(),
                 client_addr: addr,
                 method: app.config.auth.method.to_string(),
                 outcome: AuthOutcome::Timeout,
-            }
-            .log();
+            };
+            report(&app, &attempt).await;
             let e = PgError::fatal(
                 sqlstate::PROTOCOL_VIOLATION,
                 "canceling authentication due to timeout",
@@ -117,7 +119,7 @@ async fn login(
         outcome,
     };
     if count > config.max_client_conn {
-        attempt(AuthOutcome::Refused).log();
+        report(app, &attempt(AuthOutcome::Refused)).await;
         return Err(PgError::fatal(
             sqlstate::TOO_MANY_CONNECTIONS,
             format!(
@@ -129,7 +131,7 @@ async fn login(
     if StartupPacket::param(&params, "replication")
         .is_some_and(|r| r != "false" && r != "0" && r != "off")
     {
-        attempt(AuthOutcome::Refused).log();
+        report(app, &attempt(AuthOutcome::Refused)).await;
         return Err(PgError::fatal(
             sqlstate::FEATURE_NOT_SUPPORTED,
             "usher does not support replication connections",
@@ -150,12 +152,12 @@ async fn login(
     {
         Ok(a) => a,
         Err(failure) => {
-            attempt(failure.outcome).log();
+            report(app, &attempt(failure.outcome)).await;
             return Err(failure.error);
         }
     };
     let _ = authenticated;
-    attempt(AuthOutcome::Success).log();
+    report(app, &attempt(AuthOutcome::Success)).await;
 
     if crate::admin::is_admin_database(&database) {
         return crate::admin::Console::login(app.clone(), stream, &user)
@@ -171,10 +173,47 @@ async fn login(
                 format!("database \"{database}\" does not exist"),
             )
         })?;
-    let session_params = SessionParams::from_startup(&params)?;
-    let server_params = pool.server_params().await?;
-
+    let mut session_params = SessionParams::from_startup(&params)?;
     let registration = app.clients.register();
+    let client = ClientInfo {
+        id: registration.handle.pid,
+        application_name: StartupPacket::param(&params, "application_name")
+            .unwrap_or_default()
+            .to_string(),
+        user,
+        database,
+        startup: params,
+        addr,
+        tls: None,
+        auth_method: config.auth.method.to_string(),
+        pool_mode: pool.mode(),
+    };
+
+    // client_connection hooks: before the client is told it is in, and
+    // before any server connection is used for it.
+    let mut vars = Vars::new();
+    let mut notices = Vec::new();
+    if app.hooks.handles(Event::ClientConnection) {
+        let mut ctx = ConnectionCtx {
+            client: &client,
+            vars: &mut vars,
+            reject: None,
+            params: Vec::new(),
+            notices: Vec::new(),
+        };
+        app.hooks.client_connection(&mut ctx).await;
+        if let Some(r) = ctx.reject {
+            tracing::info!(user = %client.user, database = %client.database, addr = %addr, hook = %r.hook, sqlstate = %r.sqlstate, "client rejected by hook");
+            let mut e = PgError::fatal(&r.sqlstate, r.message);
+            e.detail = r.detail;
+            e.hint = r.hint;
+            return Err(e);
+        }
+        session_params.add_startup(ctx.params);
+        notices = ctx.notices;
+    }
+
+    let server_params = pool.server_params().await?;
     let mut out = BytesMut::with_capacity(512);
     messages::authentication_ok(&mut out);
     for (name, value) in session_params.initial_report(&server_params) {
@@ -185,6 +224,9 @@ async fn login(
         registration.handle.pid,
         registration.handle.secret,
     );
+    for n in notices {
+        PgError::notice(n).encode(&mut out);
+    }
     messages::ready_for_query(&mut out, b'I');
     stream
         .write_all(&out)
@@ -192,12 +234,17 @@ async fn login(
         .map_err(|_| PgError::protocol("client went away"))?;
     Ok(Some(LoggedIn::Session(Box::new(Session::new(
         app.clone(),
-        addr,
-        user,
-        database,
         pool,
         session_params,
         server_params,
         registration,
+        client,
+        vars,
     )))))
+}
+
+/// Logs an authentication attempt and hands it to the auth_attempt hooks.
+async fn report(app: &App, attempt: &AuthAttempt) {
+    attempt.log();
+    app.hooks.auth_attempt(attempt).await;
 }

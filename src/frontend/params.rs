@@ -22,9 +22,18 @@ pub fn canonical_name(name: &str) -> String {
 }
 
 /// The parameters a session wants on its server connections.
+///
+/// Three layers, later ones winning: the startup packet (plus what
+/// client_connection hooks set), session_start hooks, and the client's own
+/// SETs. DISCARD ALL clears the last two, as RESET ALL on a direct
+/// connection returns to the startup values.
 #[derive(Debug, Clone, Default)]
 pub struct SessionParams {
-    /// name → value the session wants, canonical names.
+    startup: HashMap<String, String>,
+    hook: HashMap<String, String>,
+    client: HashMap<String, String>,
+    /// The merged view, canonical names; values of reported parameters take
+    /// the server's spelling after a sync.
     wanted: HashMap<String, String>,
 }
 
@@ -42,7 +51,43 @@ impl SessionParams {
                 wanted.insert(canonical_name(k), v.clone());
             }
         }
-        Ok(SessionParams { wanted })
+        Ok(SessionParams {
+            startup: wanted.clone(),
+            wanted,
+            ..Default::default()
+        })
+    }
+
+    fn rebuild(&mut self) {
+        self.wanted = self.startup.clone();
+        self.wanted
+            .extend(self.hook.iter().map(|(k, v)| (k.clone(), v.clone())));
+        self.wanted
+            .extend(self.client.iter().map(|(k, v)| (k.clone(), v.clone())));
+    }
+
+    /// Parameters a client_connection hook set: they count as startup values.
+    pub fn add_startup(&mut self, params: impl IntoIterator<Item = (String, String)>) {
+        for (k, v) in params {
+            self.startup.insert(canonical_name(&k), v);
+        }
+        self.rebuild();
+    }
+
+    /// Replaces what session_start hooks set.
+    pub fn set_hook_params(&mut self, params: impl IntoIterator<Item = (String, String)>) {
+        self.hook = params
+            .into_iter()
+            .map(|(k, v)| (canonical_name(&k), v))
+            .collect();
+        self.rebuild();
+    }
+
+    /// DISCARD ALL: forget the client's SETs and the session hooks' values.
+    pub fn reset(&mut self) {
+        self.hook.clear();
+        self.client.clear();
+        self.rebuild();
     }
 
     pub fn get(&self, name: &str) -> Option<&str> {
@@ -51,6 +96,7 @@ impl SessionParams {
 
     /// The server reported a new value (the client ran SET): keep it.
     pub fn observe(&mut self, name: &str, value: &str) {
+        self.client.insert(name.to_string(), value.to_string());
         self.wanted.insert(name.to_string(), value.to_string());
     }
 
@@ -211,6 +257,27 @@ mod tests {
         assert_eq!(p.get("DateStyle"), Some("ISO"));
         assert_eq!(p.get("search_path"), Some("x"));
         assert_eq!(p.get("user"), None);
+    }
+
+    #[test]
+    fn layers_and_reset() {
+        let startup = vec![
+            ("application_name".into(), "app".into()),
+            ("user".into(), "u".into()),
+        ];
+        let mut p = SessionParams::from_startup(&startup).unwrap();
+        p.add_startup([("search_path".to_string(), "a".to_string())]);
+        p.set_hook_params([
+            ("search_path".to_string(), "b".to_string()),
+            ("work_mem".to_string(), "8MB".to_string()),
+        ]);
+        p.observe("application_name", "changed");
+        assert_eq!(p.get("search_path"), Some("b"));
+        assert_eq!(p.get("application_name"), Some("changed"));
+        p.reset();
+        assert_eq!(p.get("search_path"), Some("a"));
+        assert_eq!(p.get("application_name"), Some("app"));
+        assert_eq!(p.get("work_mem"), None);
     }
 
     #[test]

@@ -18,6 +18,7 @@ use super::prepared::{self, Answer, ClientStatements, ResponsePlan, Rewriter};
 use super::registry::{ClientHandle, Registration};
 use crate::app::App;
 use crate::config::PoolMode;
+use crate::hooks::{ClientInfo, Event, ServerInfo, SessionCtx, SessionEndCtx, SessionReason, Vars};
 use crate::pool::{Checkout, Pool};
 use crate::protocol::error::sqlstate;
 use crate::protocol::frames::{FrameWalker, Visit};
@@ -25,7 +26,6 @@ use crate::protocol::messages::{self, parse_parameter_status};
 use crate::protocol::PgError;
 use bytes::{Buf, BytesMut};
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -37,9 +37,12 @@ const BUFFER_SIZE: usize = 16 * 1024;
 /// A logged-in client and what its session wants.
 pub struct Session {
     app: Arc<App>,
-    addr: SocketAddr,
-    user: String,
-    database: String,
+    /// Who the client is (what hooks see).
+    client: ClientInfo,
+    /// Values hooks keep for this client between events.
+    vars: Vars,
+    /// session_start has run for the current session.
+    session_started: bool,
     pool: Arc<Pool>,
     params: SessionParams,
     /// The pool's server defaults for reported parameters.
@@ -66,6 +69,9 @@ enum End {
 /// buffers and walkers of both directions, and what the server still owes.
 struct Link {
     held: Option<Checkout>,
+    /// The client's DISCARD ALL completed; session_start runs again once
+    /// nothing is in flight.
+    discarded: bool,
     flow: Flow,
     plan: ResponsePlan,
     in_buf: BytesMut,
@@ -112,24 +118,22 @@ impl Flow {
 }
 
 impl Session {
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         app: Arc<App>,
-        addr: SocketAddr,
-        user: String,
-        database: String,
         pool: Arc<Pool>,
         params: SessionParams,
         defaults: Arc<HashMap<String, String>>,
         registration: Registration,
+        client: ClientInfo,
+        vars: Vars,
     ) -> Self {
         let rewriting =
             pool.mode() == PoolMode::Transaction && pool.settings.prepared_statements > 0;
         Session {
             app,
-            addr,
-            user,
-            database,
+            client,
+            vars,
+            session_started: false,
             pool,
             params,
             defaults,
@@ -146,6 +150,7 @@ impl Session {
         let max_message = self.app.config.max_message_size;
         let mut link = Link {
             held: None,
+            discarded: false,
             flow: Flow::new(),
             plan: ResponsePlan::default(),
             in_buf: BytesMut::new(),
@@ -154,6 +159,18 @@ impl Session {
             in_walker: FrameWalker::new(max_message).inspect_up_to(max_message),
             out_walker: FrameWalker::new(usize::MAX >> 1),
         };
+        // Transaction mode: the session begins now, with no server
+        // connection; session mode: when its server connection is assigned.
+        if self.pool.mode() == PoolMode::Transaction {
+            self.session_started = true;
+            if let Err(e) = self
+                .start_session(&mut client, SessionReason::NewSession, None)
+                .await
+            {
+                close_with_error(&mut client, &e).await;
+                return;
+            }
+        }
         let end = self.serve_loop(&mut client, &mut link).await;
         self.handle.set_server(None);
         if let Some(checkout) = link.held.take() {
@@ -175,8 +192,16 @@ impl Session {
                 close_with_error(&mut client, &e).await;
             }
         }
+        if self.app.hooks.handles(Event::SessionEnd) {
+            let ctx = SessionEndCtx {
+                client: &self.client,
+                vars: &self.vars,
+                duration: self.started.elapsed(),
+            };
+            self.app.hooks.session_end(&ctx).await;
+        }
         tracing::info!(
-            user = %self.user, database = %self.database, addr = %self.addr,
+            user = %self.client.user, database = %self.client.database, addr = %self.client.addr,
             duration_ms = self.started.elapsed().as_millis() as u64,
             reason = match &end { End::ClientLeft => "client", End::Error(_) => "error", End::Shutdown => "shutdown" },
             "client disconnected"
@@ -230,7 +255,7 @@ impl Session {
                     client.read_buf(in_buf).await
                 } => match read {
                     Ok(0) | Err(_) => return End::ClientLeft,
-                    Ok(_) => Event::ClientData,
+                    Ok(_) => Wake::ClientData,
                 },
                 read = async {
                     match held.as_mut() {
@@ -240,19 +265,126 @@ impl Session {
                 } => match read {
                     Ok(0) => return End::Error(server_lost("server closed the connection unexpectedly")),
                     Err(e) => return End::Error(server_lost(&e.to_string())),
-                    Ok(_) => Event::ServerData,
+                    Ok(_) => Wake::ServerData,
                 },
-                _ = shutdown.changed(), if idle => Event::Shutdown,
+                _ = shutdown.changed(), if idle => Wake::Shutdown,
             };
             let result = match event {
-                Event::ClientData => self.forward_client_data(client, link).await,
-                Event::ServerData => self.forward_server_data(client, link).await,
-                Event::Shutdown => Ok(()),
+                Wake::ClientData => self.forward_client_data(client, link).await,
+                Wake::ServerData => self.forward_server_data(client, link).await,
+                Wake::Shutdown => Ok(()),
             };
             if let Err(end) = result {
                 return end;
             }
+            if link.discarded && link.flow.quiet() && link.in_walker.at_boundary() {
+                // The client's DISCARD ALL completed: its session begins anew.
+                link.discarded = false;
+                if let Err(e) = self.restart_session(client, link).await {
+                    return End::Error(e);
+                }
+            }
         }
+    }
+
+    /// Runs session_start hooks: their parameters replace those of the
+    /// previous run; notices and failures (as WARNINGs) go to the client.
+    /// Returns the statements hooks asked to run (session mode).
+    async fn start_session(
+        &mut self,
+        client: &mut TcpStream,
+        reason: SessionReason,
+        server: Option<ServerInfo>,
+    ) -> Result<Vec<String>, PgError> {
+        if !self.app.hooks.handles(Event::SessionStart) {
+            return Ok(Vec::new());
+        }
+        let mut ctx = SessionCtx {
+            client: &self.client,
+            vars: &mut self.vars,
+            reason,
+            server,
+            params: Vec::new(),
+            exec: Vec::new(),
+            notices: Vec::new(),
+            warnings: Vec::new(),
+        };
+        self.app.hooks.session_start(&mut ctx).await;
+        let SessionCtx {
+            params,
+            exec,
+            notices,
+            warnings,
+            ..
+        } = ctx;
+        self.params.set_hook_params(params);
+        let mut out = BytesMut::new();
+        for n in notices {
+            PgError::notice(n).encode(&mut out);
+        }
+        for w in warnings {
+            PgError::warning(w).encode(&mut out);
+        }
+        if !out.is_empty() {
+            client
+                .write_all(&out)
+                .await
+                .map_err(|_| PgError::protocol("client went away"))?;
+        }
+        Ok(exec)
+    }
+
+    /// After the client's DISCARD ALL: forget its SETs and the hooks'
+    /// values, run session_start again, and (session mode) apply the result
+    /// to the server connection it holds.
+    async fn restart_session(
+        &mut self,
+        client: &mut TcpStream,
+        link: &mut Link,
+    ) -> Result<(), PgError> {
+        self.params.reset();
+        let server = link.held.as_ref().map(|c| server_info(c));
+        let exec = self
+            .start_session(client, SessionReason::DiscardAll, server)
+            .await?;
+        if let Some(checkout) = link.held.as_mut() {
+            self.apply_session(client, checkout, exec).await?;
+        }
+        Ok(())
+    }
+
+    /// Brings a held server connection in line with the session (parameters)
+    /// and runs the statements session_start hooks asked for; a failing
+    /// statement is a WARNING for the client.
+    async fn apply_session(
+        &mut self,
+        client: &mut TcpStream,
+        checkout: &mut Checkout,
+        exec: Vec<String>,
+    ) -> Result<(), PgError> {
+        if let Some(sql) = self.params.sync_sql(&checkout.conn, &self.defaults) {
+            checkout.conn.simple_query(&sql).await.map_err(|e| {
+                PgError::fatal(
+                    &e.code,
+                    format!("could not apply session parameters: {}", e.message),
+                )
+            })?;
+            let changed = self.params.after_sync(&mut checkout.conn, &self.defaults);
+            report_parameters(client, changed).await?;
+        }
+        for sql in exec {
+            if let Err(e) = checkout.conn.simple_query(&sql).await {
+                let w = PgError::warning(format!("session_start statement failed: {}", e.message))
+                    .with_detail(sql.clone());
+                let mut out = BytesMut::new();
+                w.encode(&mut out);
+                client
+                    .write_all(&out)
+                    .await
+                    .map_err(|_| PgError::protocol("client went away"))?;
+            }
+        }
+        Ok(())
     }
 
     /// Forwards what the client sent: streams it through, rewriting messages
@@ -348,6 +480,7 @@ impl Session {
         let at_boundary = link.in_walker.at_boundary();
         loop {
             let mut answer = None;
+            let mut discarded = false;
             let flow = &mut link.flow;
             let plan = &mut link.plan;
             let params = &mut self.params;
@@ -396,6 +529,7 @@ impl Session {
                                 statements.clear();
                                 if body == b"DISCARD ALL\0" {
                                     server.params.retain(|k, _| defaults.contains_key(k));
+                                    discarded = true;
                                 }
                             }
                             Visit::Forward
@@ -411,6 +545,7 @@ impl Session {
                     },
                 )
                 .map_err(|e| End::Error(server_lost(&e.message)))?;
+            link.discarded |= discarded;
             if walked.forward > 0 {
                 let chunk = link.out_buf.split_to(walked.forward);
                 client
@@ -458,6 +593,29 @@ impl Session {
     /// parameters, and the bound on prepared statements it keeps.
     async fn begin_transaction(&mut self, client: &mut TcpStream) -> Result<Checkout, PgError> {
         let mut checkout = self.pool.checkout().await?;
+        if !self.session_started {
+            // Session mode: the session begins with its server connection.
+            self.session_started = true;
+            let reason = if checkout.fresh {
+                SessionReason::NewSession
+            } else {
+                SessionReason::ReusedServer
+            };
+            let exec = match self
+                .start_session(client, reason, Some(server_info(&checkout)))
+                .await
+            {
+                Ok(exec) => exec,
+                Err(e) => {
+                    self.pool.discard(checkout);
+                    return Err(e);
+                }
+            };
+            if let Err(e) = self.apply_session(client, &mut checkout, exec).await {
+                self.pool.discard(checkout);
+                return Err(e);
+            }
+        }
         let conn = &mut checkout.conn;
         let param_sql = self.params.sync_sql(conn, &self.defaults);
         let mut sql = param_sql.clone().unwrap_or_default();
@@ -477,24 +635,47 @@ impl Session {
         }
         if param_sql.is_some() {
             let changed = self.params.after_sync(conn, &self.defaults);
-            if !changed.is_empty() {
-                let mut out = BytesMut::new();
-                for (name, value) in changed {
-                    messages::parameter_status(&mut out, &name, &value);
-                }
-                client
-                    .write_all(&out)
-                    .await
-                    .map_err(|_| PgError::protocol("client went away"))?;
-            }
+            report_parameters(client, changed).await?;
         }
         self.handle.set_server(Some(checkout.conn.cancel.clone()));
         Ok(checkout)
     }
 }
 
+/// Tells the client about parameters whose value changed under it.
+async fn report_parameters(
+    client: &mut TcpStream,
+    changed: Vec<(String, String)>,
+) -> Result<(), PgError> {
+    if changed.is_empty() {
+        return Ok(());
+    }
+    let mut out = BytesMut::new();
+    for (name, value) in changed {
+        messages::parameter_status(&mut out, &name, &value);
+    }
+    client
+        .write_all(&out)
+        .await
+        .map_err(|_| PgError::protocol("client went away"))
+}
+
+/// What session_start hooks learn of a server connection.
+fn server_info(checkout: &Checkout) -> ServerInfo {
+    ServerInfo {
+        backend_pid: checkout.conn.backend_pid(),
+        server_version: checkout
+            .conn
+            .params
+            .get("server_version")
+            .cloned()
+            .unwrap_or_default(),
+        fresh: checkout.fresh,
+    }
+}
+
 /// What woke the serve loop.
-enum Event {
+enum Wake {
     ClientData,
     ServerData,
     Shutdown,

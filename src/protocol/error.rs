@@ -19,6 +19,7 @@ pub mod sqlstate {
     pub const FEATURE_NOT_SUPPORTED: &str = "0A000";
     pub const SYNTAX_ERROR: &str = "42601";
     pub const INSUFFICIENT_PRIVILEGE: &str = "42501";
+    pub const INVALID_PARAMETER_VALUE: &str = "22023";
     pub const INTERNAL_ERROR: &str = "XX000";
 }
 
@@ -69,6 +70,22 @@ impl PgError {
         PgError {
             severity: Severity::Error,
             ..PgError::fatal(code, message)
+        }
+    }
+
+    /// A NOTICE (SQLSTATE 00000) for the client.
+    pub fn notice(message: impl Into<String>) -> Self {
+        PgError {
+            severity: Severity::Notice,
+            ..PgError::fatal("00000", message)
+        }
+    }
+
+    /// A WARNING (SQLSTATE 01000) for the client.
+    pub fn warning(message: impl Into<String>) -> Self {
+        PgError {
+            severity: Severity::Warning,
+            ..PgError::fatal("01000", message)
         }
     }
 

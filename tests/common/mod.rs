@@ -245,13 +245,20 @@ impl Drop for PgCluster {
 }
 
 /// The YAML for usher in front of `cluster`, with `extra` lines appended
-/// (later keys must not repeat the ones here).
+/// (later keys must not repeat the ones here). Unless `extra` configures
+/// hooks, the hooks folder is one without files, so the example hooks of
+/// the repository do not run in every test.
 pub fn usher_yaml(cluster: &PgCluster, extra: &str) -> String {
+    let hooks = if extra.contains("hooks:") {
+        ""
+    } else {
+        "hooks:\n  dir: tests/no-hooks\n"
+    };
     format!(
         "listen: 127.0.0.1:0\n\
          databases:\n  app:\n    host: 127.0.0.1\n    port: {}\n\
          users:\n  alice:\n    password: {ALICE_PASSWORD}\n  bob:\n    password: {BOB_PASSWORD}\n  admin:\n    password: admin-pw\n\
-         admin:\n  users: [admin]\n{extra}",
+         admin:\n  users: [admin]\n{hooks}{extra}",
         cluster.port
     )
 }
@@ -270,7 +277,9 @@ impl Usher {
     pub async fn start_yaml(yaml: &str) -> Usher {
         init_tracing();
         let config = usher::Config::from_yaml(yaml, "test.yaml").expect("test config");
-        let server = usher::Server::bind(config).await.expect("bind");
+        let server = usher::Server::bind(config, Default::default())
+            .await
+            .expect("bind");
         let addr = server.local_addr();
         let app = server.app.clone();
         tokio::spawn(server.run());

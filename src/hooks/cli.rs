@@ -1,0 +1,215 @@
+//! `usher hooks check` and `usher hooks try`: for people writing hooks.
+
+use super::lua::{self, LuaServices};
+use super::query::QueryPool;
+use super::roles::RoleCache;
+use super::shared::SharedStore;
+use super::{ClientInfo, ConnectionCtx, Dispatcher, Event, SessionCtx, SessionReason, Vars};
+use crate::app::App;
+use crate::config::{Config, PoolMode};
+use clap::Subcommand;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Debug, Subcommand)]
+pub enum HooksCommand {
+    /// Compile every hook file and report errors with file and line.
+    Check,
+    /// Run the hooks of one event against a made-up client and print the decision.
+    Try {
+        /// client_connection or session_start.
+        event: String,
+        #[arg(long, default_value = "postgres")]
+        user: String,
+        #[arg(long, default_value = "postgres")]
+        database: String,
+        /// Client address.
+        #[arg(long, default_value = "127.0.0.1")]
+        addr: std::net::IpAddr,
+        #[arg(long, default_value = "")]
+        application_name: String,
+        /// session or transaction (default: the configured pool mode).
+        #[arg(long)]
+        pool_mode: Option<String>,
+    },
+}
+
+fn services(config: &Config) -> Arc<LuaServices> {
+    let q = config.hooks.query.as_ref();
+    Arc::new(LuaServices {
+        shared: SharedStore::new(config.hooks.shared_max_keys),
+        roles: Arc::new(RoleCache::default()),
+        query: Arc::new(QueryPool::new(
+            config.hook_query_connection(),
+            1,
+            Duration::from_millis(q.map_or(1000, |q| q.timeout_ms)),
+        )),
+    })
+}
+
+pub fn run(config: &Config, command: HooksCommand) -> ExitCode {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let settings = App::lua_settings(config);
+        let sources = match lua::read_sources(&settings.dir) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("{e}");
+                return ExitCode::from(2);
+            }
+        };
+        match command {
+            HooksCommand::Check => match lua::check(&sources, &settings, services(config)) {
+                Ok(()) => {
+                    println!(
+                        "{} hook file(s) in {} compile:",
+                        sources.len(),
+                        settings.dir.display()
+                    );
+                    for s in &sources {
+                        println!("  {}", s.name);
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(errors) => {
+                    for e in errors {
+                        eprintln!("{e}");
+                    }
+                    ExitCode::from(1)
+                }
+            },
+            HooksCommand::Try {
+                event,
+                user,
+                database,
+                addr,
+                application_name,
+                pool_mode,
+            } => {
+                let engine = match lua::LuaEngine::load(settings, services(config)) {
+                    Ok(e) => e,
+                    Err(errors) => {
+                        for e in errors {
+                            eprintln!("{e}");
+                        }
+                        return ExitCode::from(1);
+                    }
+                };
+                let dispatcher =
+                    Dispatcher::new(true, config.hooks.on_error == crate::config::OnError::Allow);
+                dispatcher.set_hooks(engine.hooks());
+                let pool_mode = match pool_mode.as_deref() {
+                    Some("session") => PoolMode::Session,
+                    Some("transaction") => PoolMode::Transaction,
+                    Some(other) => {
+                        eprintln!("--pool-mode: expected session or transaction, got {other}");
+                        return ExitCode::from(2);
+                    }
+                    None => config.pool_mode_for(&database, &user),
+                };
+                let client = ClientInfo {
+                    id: 1,
+                    user: user.clone(),
+                    database: database.clone(),
+                    application_name: application_name.clone(),
+                    startup: vec![
+                        ("user".into(), user),
+                        ("database".into(), database),
+                        ("application_name".into(), application_name),
+                    ],
+                    addr: std::net::SocketAddr::new(addr, 50000),
+                    tls: None,
+                    auth_method: config.auth.method.to_string(),
+                    pool_mode,
+                };
+                let mut vars = Vars::new();
+                match Event::from_name(&event) {
+                    Some(Event::ClientConnection) => {
+                        let mut ctx = ConnectionCtx {
+                            client: &client,
+                            vars: &mut vars,
+                            reject: None,
+                            params: vec![],
+                            notices: vec![],
+                        };
+                        dispatcher.client_connection(&mut ctx).await;
+                        match &ctx.reject {
+                            Some(r) => println!(
+                                "decision: reject by {} ({}): {}{}{}",
+                                r.hook,
+                                r.sqlstate,
+                                r.message,
+                                r.detail
+                                    .as_ref()
+                                    .map(|d| format!("\n  detail: {d}"))
+                                    .unwrap_or_default(),
+                                r.hint
+                                    .as_ref()
+                                    .map(|h| format!("\n  hint: {h}"))
+                                    .unwrap_or_default()
+                            ),
+                            None => println!("decision: allow"),
+                        }
+                        let rejected = ctx.reject.is_some();
+                        let (params, notices) = (ctx.params, ctx.notices);
+                        print_outcome(&params, &[], &notices, &[], &vars);
+                        if rejected {
+                            return ExitCode::from(3);
+                        }
+                    }
+                    Some(Event::SessionStart) => {
+                        let mut ctx = SessionCtx {
+                            client: &client,
+                            vars: &mut vars,
+                            reason: SessionReason::NewSession,
+                            server: None,
+                            params: vec![],
+                            exec: vec![],
+                            notices: vec![],
+                            warnings: vec![],
+                        };
+                        dispatcher.session_start(&mut ctx).await;
+                        let (params, exec, notices, warnings) =
+                            (ctx.params, ctx.exec, ctx.notices, ctx.warnings);
+                        print_outcome(&params, &exec, &notices, &warnings, &vars);
+                    }
+                    _ => {
+                        eprintln!(
+                            "event: expected client_connection or session_start, got {event}"
+                        );
+                        return ExitCode::from(2);
+                    }
+                }
+                ExitCode::SUCCESS
+            }
+        }
+    })
+}
+
+fn print_outcome(
+    params: &[(String, String)],
+    exec: &[String],
+    notices: &[String],
+    warnings: &[String],
+    vars: &Vars,
+) {
+    for (k, v) in params {
+        println!("set: {k} = {v}");
+    }
+    for sql in exec {
+        println!("exec: {sql}");
+    }
+    for n in notices {
+        println!("notice: {n}");
+    }
+    for w in warnings {
+        println!("warning: {w}");
+    }
+    for (k, v) in vars {
+        println!("var: {k} = {v:?}");
+    }
+}

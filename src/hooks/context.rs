@@ -1,0 +1,122 @@
+//! What hooks see and what they decide, per event.
+
+use crate::config::PoolMode;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// TLS details of a client connection.
+#[derive(Debug, Clone, Default)]
+pub struct TlsInfo {
+    pub version: String,
+    pub cipher: String,
+    /// Subject of the client certificate, if one was presented.
+    pub client_cert_subject: Option<String>,
+}
+
+/// Facts about a connected client, fixed for its life.
+#[derive(Debug, Clone)]
+pub struct ClientInfo {
+    /// usher's id for the connection (its BackendKeyData pid).
+    pub id: u32,
+    pub user: String,
+    pub database: String,
+    pub application_name: String,
+    /// The startup packet's parameters, as sent.
+    pub startup: Vec<(String, String)>,
+    pub addr: SocketAddr,
+    pub tls: Option<TlsInfo>,
+    pub auth_method: String,
+    pub pool_mode: PoolMode,
+}
+
+/// A value in `ctx.vars`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum VarValue {
+    Str(String),
+    Int(i64),
+    Num(f64),
+    Bool(bool),
+}
+
+/// Values hooks keep for a client between its events.
+pub type Vars = BTreeMap<String, VarValue>;
+
+/// A hook's refusal of a client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    pub message: String,
+    /// Default 28000 (invalid_authorization_specification).
+    pub sqlstate: String,
+    pub detail: Option<String>,
+    pub hint: Option<String>,
+    /// The hook that refused.
+    pub hook: String,
+}
+
+/// client_connection: what the hook sees and decides.
+#[derive(Debug)]
+pub struct ConnectionCtx<'a> {
+    pub client: &'a ClientInfo,
+    pub vars: &'a mut Vars,
+    pub reject: Option<Rejection>,
+    /// Session parameters to set, in order.
+    pub params: Vec<(String, String)>,
+    /// Notices for the client.
+    pub notices: Vec<String>,
+}
+
+/// Why session_start fired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionReason {
+    /// The client's session begins.
+    NewSession,
+    /// The client sent DISCARD ALL.
+    DiscardAll,
+    /// Session mode: a pooled server connection, reset with
+    /// server_reset_query, begins serving this client.
+    ReusedServer,
+}
+
+impl SessionReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionReason::NewSession => "new_session",
+            SessionReason::DiscardAll => "discard_all",
+            SessionReason::ReusedServer => "reused_server",
+        }
+    }
+}
+
+/// The server connection a session_start runs with (session mode).
+#[derive(Debug, Clone)]
+pub struct ServerInfo {
+    pub backend_pid: u32,
+    pub server_version: String,
+    /// Opened for this session (true) or reused from the pool.
+    pub fresh: bool,
+}
+
+/// session_start: what the hook sees and decides.
+#[derive(Debug)]
+pub struct SessionCtx<'a> {
+    pub client: &'a ClientInfo,
+    pub vars: &'a mut Vars,
+    pub reason: SessionReason,
+    pub server: Option<ServerInfo>,
+    /// Session parameters to set, in order.
+    pub params: Vec<(String, String)>,
+    /// Session mode: statements to run on the server connection.
+    pub exec: Vec<String>,
+    pub notices: Vec<String>,
+    /// Hook failures, sent to the client as WARNINGs.
+    pub warnings: Vec<String>,
+}
+
+/// session_end: what the hook sees.
+#[derive(Debug)]
+pub struct SessionEndCtx<'a> {
+    pub client: &'a ClientInfo,
+    pub vars: &'a Vars,
+    pub duration: Duration,
+}

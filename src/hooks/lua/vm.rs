@@ -1,0 +1,229 @@
+//! One sandboxed Lua VM with every hook file loaded.
+//!
+//! The sandbox offers string, table, math, utf8, coroutine, a few os
+//! functions (time, clock, date, difftime), the `usher` API and a `require`
+//! that loads text files from the hooks folder only. There is no io, no
+//! os.execute/remove/rename/exit/getenv, no debug, no load/loadfile/dofile
+//! and no bytecode. Each call runs under a time budget, enforced by an
+//! instruction-count hook, and the VM under a memory limit.
+
+use super::api;
+use super::LuaServices;
+use mlua::chunk::ChunkMode;
+use mlua::{Function, HookTriggers, Lua, LuaOptions, StdLib, Table, Value, VmState};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// The deadline of the call running in a VM, checked by the instruction hook.
+#[derive(Default)]
+pub(super) struct Budget {
+    deadline: Mutex<Option<Instant>>,
+    exceeded: std::sync::atomic::AtomicBool,
+}
+
+impl Budget {
+    pub(super) fn start(&self, deadline: Instant) {
+        *self.deadline.lock().unwrap() = Some(deadline);
+        self.exceeded
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub(super) fn stop(&self) {
+        *self.deadline.lock().unwrap() = None;
+    }
+
+    pub(super) fn was_exceeded(&self) -> bool {
+        self.exceeded.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// A hook file's source.
+#[derive(Debug, Clone)]
+pub struct HookSource {
+    /// The file name, e.g. `10-search-path.lua`: the hook's name.
+    pub name: String,
+    pub path: PathBuf,
+    pub code: String,
+}
+
+/// A VM and, per hook file, the environment its globals (handlers) live in.
+pub(super) struct Vm {
+    pub lua: Lua,
+    pub files: Vec<Table>,
+    pub ctx_meta: Table,
+}
+
+impl Vm {
+    /// Builds a VM and runs every hook file in it. An error names the file.
+    pub fn new(
+        sources: &[HookSource],
+        dir: &Path,
+        memory_limit: usize,
+        services: Arc<LuaServices>,
+    ) -> Result<Vm, String> {
+        let lua = Lua::new_with(
+            StdLib::TABLE
+                | StdLib::STRING
+                | StdLib::MATH
+                | StdLib::UTF8
+                | StdLib::COROUTINE
+                | StdLib::OS,
+            LuaOptions::default(),
+        )
+        .map_err(|e| e.to_string())?;
+        let base =
+            sandbox(&lua, dir, services).map_err(|e| format!("building the sandbox: {e}"))?;
+        let ctx_meta: Table = lua
+            .load(include_str!("prelude.lua"))
+            .set_name("=usher prelude")
+            .set_environment(base.clone())
+            .eval()
+            .map_err(|e| format!("prelude: {e}"))?;
+        lua.set_app_data(Budget::default());
+        lua.set_global_hook(
+            HookTriggers::new().every_nth_instruction(1000),
+            |lua, _debug| {
+                let Some(budget) = lua.app_data_ref::<Budget>() else {
+                    return Ok(VmState::Continue);
+                };
+                let past = budget
+                    .deadline
+                    .lock()
+                    .unwrap()
+                    .is_some_and(|d| Instant::now() >= d);
+                if past {
+                    budget
+                        .exceeded
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
+                    return Err(mlua::Error::runtime("hook exceeded its time budget"));
+                }
+                Ok(VmState::Continue)
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        // Limit memory only once the sandbox exists, so the limit bounds what
+        // hooks allocate rather than usher's own set-up.
+        let mut files = Vec::with_capacity(sources.len());
+        for source in sources {
+            let env = lua.create_table().map_err(|e| e.to_string())?;
+            let meta = lua.create_table().map_err(|e| e.to_string())?;
+            meta.set("__index", base.clone())
+                .map_err(|e| e.to_string())?;
+            env.set_metatable(Some(meta)).map_err(|e| e.to_string())?;
+            lua.load(&source.code)
+                .set_name(format!("@{}", source.path.display()))
+                .set_mode(ChunkMode::Text)
+                .set_environment(env.clone())
+                .exec()
+                .map_err(|e| e.to_string())?;
+            files.push(env);
+        }
+        lua.set_memory_limit(lua.used_memory() + memory_limit)
+            .map_err(|e| e.to_string())?;
+        Ok(Vm {
+            lua,
+            files,
+            ctx_meta,
+        })
+    }
+
+    /// The handler of `event` in file `index`, if the file defines one.
+    pub fn handler(&self, index: usize, event: &str) -> Option<Function> {
+        match self.files.get(index)?.raw_get::<Value>(event) {
+            Ok(Value::Function(f)) => Some(f),
+            _ => None,
+        }
+    }
+}
+
+/// The global environment hook files see.
+fn sandbox(lua: &Lua, dir: &Path, services: Arc<LuaServices>) -> mlua::Result<Table> {
+    let globals = lua.globals();
+    let base = lua.create_table()?;
+    for name in [
+        "assert",
+        "error",
+        "ipairs",
+        "next",
+        "pairs",
+        "pcall",
+        "rawequal",
+        "rawget",
+        "rawlen",
+        "rawset",
+        "select",
+        "setmetatable",
+        "getmetatable",
+        "tonumber",
+        "tostring",
+        "type",
+        "xpcall",
+        "_VERSION",
+        "string",
+        "table",
+        "math",
+        "utf8",
+        "coroutine",
+    ] {
+        base.set(name, globals.get::<Value>(name)?)?;
+    }
+    let string: Table = globals.get("string")?;
+    string.set("dump", Value::Nil)?; // bytecode
+    let os_full: Table = globals.get("os")?;
+    let os = lua.create_table()?;
+    for name in ["time", "clock", "date", "difftime"] {
+        os.set(name, os_full.get::<Value>(name)?)?;
+    }
+    base.set("os", os)?;
+    let usher = api::usher_table(lua, services)?;
+    base.set("print", usher.get::<Function>("_print")?)?;
+    base.set("usher", usher)?;
+    base.set(
+        "require",
+        require_function(lua, dir.to_path_buf(), base.clone())?,
+    )?;
+    base.set("_G", base.clone())?;
+    Ok(base)
+}
+
+/// `require("name")` loads `<hooks dir>/name.lua` (dots become folders) as
+/// text, once per VM.
+fn require_function(lua: &Lua, dir: PathBuf, base: Table) -> mlua::Result<Function> {
+    let loaded = lua.create_table()?;
+    lua.create_function(move |lua, name: String| {
+        if let Ok(v @ Value::Table(_)) = loaded.raw_get::<Value>(name.as_str()) {
+            return Ok(v);
+        }
+        let valid = !name.is_empty()
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.')
+            && !name.contains("..");
+        if !valid {
+            return Err(mlua::Error::runtime(format!(
+                "require: invalid module name \"{name}\""
+            )));
+        }
+        let path = dir.join(format!("{}.lua", name.replace('.', "/")));
+        let code = std::fs::read_to_string(&path).map_err(|e| {
+            mlua::Error::runtime(format!("require: cannot read {}: {e}", path.display()))
+        })?;
+        let env = lua.create_table()?;
+        let meta = lua.create_table()?;
+        meta.set("__index", base.clone())?;
+        env.set_metatable(Some(meta))?;
+        let value: Value = lua
+            .load(&code)
+            .set_name(format!("@{}", path.display()))
+            .set_mode(ChunkMode::Text)
+            .set_environment(env.clone())
+            .eval()?;
+        let value = match value {
+            Value::Nil => Value::Table(env),
+            v => v,
+        };
+        loaded.raw_set(name.as_str(), value.clone())?;
+        Ok(value)
+    })
+}

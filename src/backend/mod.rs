@@ -61,6 +61,9 @@ pub struct ServerConn {
     /// first (see frontend::prepared). Trimmed to the configured bound when
     /// the connection is next checked out.
     pub prepared: lru::LruCache<u64, ()>,
+    /// Client sessions this connection has served (session mode), so a
+    /// session_start hook can tell a fresh connection from a reused one.
+    pub sessions_served: u64,
 }
 
 impl ServerConn {
@@ -78,6 +81,7 @@ impl ServerConn {
             created: now,
             last_used: now,
             prepared: lru::LruCache::unbounded(),
+            sessions_served: 0,
         }
     }
 

@@ -596,10 +596,12 @@ impl Session {
         if !self.session_started {
             // Session mode: the session begins with its server connection.
             self.session_started = true;
-            let reason = if checkout.fresh {
-                SessionReason::NewSession
-            } else {
+            let reused = checkout.conn.sessions_served > 0;
+            checkout.conn.sessions_served += 1;
+            let reason = if reused {
                 SessionReason::ReusedServer
+            } else {
+                SessionReason::NewSession
             };
             let exec = match self
                 .start_session(client, reason, Some(server_info(&checkout)))
@@ -670,7 +672,7 @@ fn server_info(checkout: &Checkout) -> ServerInfo {
             .get("server_version")
             .cloned()
             .unwrap_or_default(),
-        fresh: checkout.fresh,
+        fresh: checkout.conn.sessions_served <= 1,
     }
 }
 

@@ -361,3 +361,64 @@ impl Hook for LuaFileHook {
             .await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn engine(code: &str, timeout_ms: u64, memory_mb: usize) -> Arc<LuaEngine> {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("10-test.lua"), code).unwrap();
+        let settings = LuaSettings {
+            dir: dir.keep(),
+            timeout: Duration::from_millis(timeout_ms),
+            memory_limit: memory_mb * 1024 * 1024,
+            max_idle_vms: 2,
+        };
+        let services = Arc::new(LuaServices {
+            shared: SharedStore::new(10),
+            roles: Arc::new(RoleCache::default()),
+            query: Arc::new(QueryPool::new(None, 1, Duration::from_secs(1))),
+        });
+        LuaEngine::load(settings, services).unwrap()
+    }
+
+    async fn run(engine: &Arc<LuaEngine>) -> Result<(), HookError> {
+        engine
+            .call(0, Event::AuthAttempt, |_, _| Ok(()), |_| Ok(()))
+            .await
+    }
+
+    #[tokio::test]
+    async fn an_endless_loop_is_stopped() {
+        for code in [
+            "function auth_attempt(ctx) while true do end end",
+            "function auth_attempt(ctx) while true do pcall(function() while true do end end) end end",
+            "function auth_attempt(ctx) while true do xpcall(function() while true do end end, print) end end",
+            "function auth_attempt(ctx) while true do coroutine.resume(coroutine.create(function() while true do end end)) end end",
+        ] {
+            let e = engine(code, 100, 8);
+            let started = Instant::now();
+            assert_eq!(run(&e).await, Err(HookError::Timeout), "{code}");
+            assert!(started.elapsed() < Duration::from_secs(2), "{code}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_memory_bomb_is_stopped() {
+        let e = engine("function auth_attempt(ctx) local t = {} for i = 1, 1e9 do t[i] = string.rep('x', 4096) .. i end end", 5000, 8);
+        assert_eq!(run(&e).await, Err(HookError::Memory));
+        // The next call gets a fresh VM.
+        assert_eq!(run(&e).await, Err(HookError::Memory));
+    }
+
+    #[tokio::test]
+    async fn the_sandbox_has_no_io_os_or_load() {
+        let e = engine(
+            "function auth_attempt(ctx) assert(io == nil and debug == nil and load == nil and loadfile == nil and dofile == nil and os.execute == nil and os.getenv == nil and os.exit == nil and os.remove == nil and string.dump == nil and package == nil) end",
+            100,
+            8,
+        );
+        assert_eq!(run(&e).await, Ok(()));
+    }
+}

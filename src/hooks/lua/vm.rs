@@ -72,14 +72,8 @@ impl Vm {
             LuaOptions::default(),
         )
         .map_err(|e| e.to_string())?;
-        let base =
-            sandbox(&lua, dir, services).map_err(|e| format!("building the sandbox: {e}"))?;
-        let ctx_meta: Table = lua
-            .load(include_str!("prelude.lua"))
-            .set_name("=usher prelude")
-            .set_environment(base.clone())
-            .eval()
-            .map_err(|e| format!("prelude: {e}"))?;
+        // The budget hook comes first: threads mlua creates before it is set
+        // would run without it.
         lua.set_app_data(Budget::default());
         lua.set_global_hook(
             HookTriggers::new().every_nth_instruction(1000),
@@ -102,6 +96,14 @@ impl Vm {
             },
         )
         .map_err(|e| e.to_string())?;
+        let base =
+            sandbox(&lua, dir, services).map_err(|e| format!("building the sandbox: {e}"))?;
+        let ctx_meta: Table = lua
+            .load(include_str!("prelude.lua"))
+            .set_name("=usher prelude")
+            .set_environment(base.clone())
+            .eval()
+            .map_err(|e| format!("prelude: {e}"))?;
         // Limit memory only once the sandbox exists, so the limit bounds what
         // hooks allocate rather than usher's own set-up.
         let mut files = Vec::with_capacity(sources.len());
@@ -184,7 +186,44 @@ fn sandbox(lua: &Lua, dir: &Path, services: Arc<LuaServices>) -> mlua::Result<Ta
         require_function(lua, dir.to_path_buf(), base.clone())?,
     )?;
     base.set("_G", base.clone())?;
+    guard_error_catchers(lua, &base)?;
     Ok(base)
+}
+
+/// pcall, xpcall and coroutine.resume catch errors, so a hook could catch
+/// the budget's error and loop on. These versions rethrow it.
+fn guard_error_catchers(lua: &Lua, base: &Table) -> mlua::Result<()> {
+    let exceeded = lua.create_function(|lua, ()| {
+        Ok(lua
+            .app_data_ref::<Budget>()
+            .is_some_and(|b| b.was_exceeded()))
+    })?;
+    let wrap: Function = lua
+        .load(
+            r#"
+local exceeded, pcall, xpcall, resume, pack, unpack, error = ...
+local function check(ok, ...)
+  if not ok and exceeded() then error("hook exceeded its time budget", 0) end
+  return ok, ...
+end
+return function(...) return check(pcall(...)) end,
+       function(...) return check(xpcall(...)) end,
+       function(...) return check(resume(...)) end
+"#,
+        )
+        .set_name("=usher budget guard")
+        .into_function()?;
+    let coroutine: Table = base.get("coroutine")?;
+    let (pcall, xpcall, resume): (Function, Function, Function) = wrap.call((
+        exceeded,
+        base.get::<Function>("pcall")?,
+        base.get::<Function>("xpcall")?,
+        coroutine.get::<Function>("resume")?,
+    ))?;
+    base.set("pcall", pcall)?;
+    base.set("xpcall", xpcall)?;
+    coroutine.set("resume", resume)?;
+    Ok(())
 }
 
 /// `require("name")` loads `<hooks dir>/name.lua` (dots become folders) as

@@ -497,7 +497,7 @@ impl Config {
                 .get(&q.user)
                 .and_then(|u| u.password.as_deref())
                 .is_some_and(|p| {
-                    !p.starts_with("SCRAM-SHA-256$") && !(p.len() == 35 && p.starts_with("md5"))
+                    !(p.starts_with("SCRAM-SHA-256$") || p.len() == 35 && p.starts_with("md5"))
                 });
             if !plaintext {
                 return Err(err(

@@ -343,7 +343,7 @@ impl Session {
         link: &mut Link,
     ) -> Result<(), PgError> {
         self.params.reset();
-        let server = link.held.as_ref().map(|c| server_info(c));
+        let server = link.held.as_ref().map(server_info);
         let exec = self
             .start_session(client, SessionReason::DiscardAll, server)
             .await?;

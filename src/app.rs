@@ -1,58 +1,119 @@
 //! The running pooler: state shared by all client tasks, the accept loop,
 //! and graceful shutdown.
 
-use crate::auth::Secret;
-use crate::config::Config;
+use crate::auth::hba::Hba;
+use crate::auth::{AuthAttempt, Credentials};
+use crate::config::{Config, ConfigError};
 use crate::frontend::registry::ClientRegistry;
 use crate::pool::Pools;
+use crate::tls::{ClientTls, ServerTls};
 use rand::RngCore;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch, Semaphore};
+
+/// Auth attempt records a slow subscriber may fall behind by before it
+/// misses some.
+const ATTEMPT_BACKLOG: usize = 1024;
 
 /// Everything client tasks share. Read-mostly; nothing here is locked on the
 /// forwarding path.
 #[derive(Debug)]
 pub struct App {
     pub config: Arc<Config>,
-    /// Secrets of the users in the config, parsed once.
-    pub secrets: HashMap<String, Secret>,
+    /// Where user secrets come from: config, auth file, auth query.
+    pub credentials: Credentials,
+    /// `auth.hba` / `auth.hba_file`; `None`: every client uses `auth.method`.
+    pub hba: Option<Hba>,
+    /// Client-facing TLS; `None` when `tls.mode` is disable.
+    pub client_tls: Option<ClientTls>,
+    /// TLS towards each database's server.
+    pub server_tls: HashMap<String, ServerTls>,
     pub pools: Pools,
     pub clients: Arc<ClientRegistry>,
     /// Salts the fake SCRAM exchange for unknown users.
     pub mock_key: [u8; 32],
+    /// One permit per client in the startup phase (`max_auth_clients`).
+    pub login_slots: Arc<Semaphore>,
+    attempts: broadcast::Sender<AuthAttempt>,
     shutdown: watch::Sender<bool>,
 }
 
 impl App {
-    pub fn new(config: Config) -> Arc<App> {
-        let secrets = config
-            .users
-            .iter()
-            .filter_map(|(name, u)| {
-                u.password
-                    .as_deref()
-                    .map(|p| (name.clone(), Secret::parse(p)))
-            })
-            .collect();
+    /// Builds the app, reading the files the config names (certificates,
+    /// the auth file, an HBA file); errors name the file and key.
+    pub fn new(config: Config) -> Result<Arc<App>, ConfigError> {
+        let err = |key: &str, message: String| ConfigError {
+            file: config.source.clone(),
+            key: key.to_string(),
+            message,
+        };
+        let client_tls = ClientTls::from_config(&config.tls).map_err(|(k, m)| err(k, m))?;
+        let mut server_tls = HashMap::new();
+        for (name, db) in &config.databases {
+            let tls = ServerTls::from_config(db)
+                .map_err(|(k, m)| err(&format!("databases.{name}.{k}"), m))?;
+            server_tls.insert(name.clone(), tls);
+        }
+        let credentials = Credentials::load(&config, &server_tls)?;
+        let hba = match (&config.auth.hba, &config.auth.hba_file) {
+            (Some(rules), _) => Some(Hba::from_config(rules).map_err(|(k, m)| err(&k, m))?),
+            (None, Some(path)) => {
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    err(
+                        "auth.hba_file",
+                        format!("cannot read {}: {e}", path.display()),
+                    )
+                })?;
+                let name = path.display().to_string();
+                let hba = Hba::parse_file(&text, &name)
+                    .map_err(|m| err("auth.hba_file", format!("{name}: {m}")))?;
+                Some(hba)
+            }
+            (None, None) => None,
+        };
+        if hba.as_ref().is_some_and(Hba::needs_membership) && config.auth.user.is_none() {
+            return Err(err(
+                if config.auth.hba.is_some() {
+                    "auth.hba"
+                } else {
+                    "auth.hba_file"
+                },
+                "+role rules need auth.user: usher asks the server about role membership".into(),
+            ));
+        }
         let mut mock_key = [0u8; 32];
         rand::thread_rng().fill_bytes(&mut mock_key);
-        Arc::new(App {
+        Ok(Arc::new(App {
+            login_slots: Arc::new(Semaphore::new(config.max_auth_clients)),
             config: Arc::new(config),
-            secrets,
+            credentials,
+            hba,
+            client_tls,
+            server_tls,
             pools: Pools::new(),
             clients: Arc::new(ClientRegistry::default()),
             mock_key,
+            attempts: broadcast::channel(ATTEMPT_BACKLOG).0,
             shutdown: watch::channel(false).0,
-        })
+        }))
     }
 
-    /// True for users listed in the config.
-    pub fn user_exists(&self, user: &str) -> bool {
-        self.config.users.contains_key(user)
+    /// Reports an authentication outcome: logged, and sent to whoever
+    /// subscribed (hooks and auth monitoring).
+    pub fn record(&self, attempt: AuthAttempt) {
+        attempt.log();
+        if self.attempts.receiver_count() > 0 {
+            let _ = self.attempts.send(attempt);
+        }
+    }
+
+    /// Every authentication outcome from now on.
+    pub fn auth_attempts(&self) -> broadcast::Receiver<AuthAttempt> {
+        self.attempts.subscribe()
     }
 
     /// Starts a graceful shutdown: stop accepting, end clients at their next
@@ -73,13 +134,17 @@ pub struct Server {
 }
 
 impl Server {
-    /// Binds `config.listen`.
+    /// Builds the app and binds `config.listen`.
     pub async fn bind(config: Config) -> std::io::Result<Server> {
-        let listener = TcpListener::bind(config.listen).await?;
-        Ok(Server {
-            app: App::new(config),
-            listener,
-        })
+        let app = App::new(config)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+        Server::bind_app(app).await
+    }
+
+    /// Binds `listen` for an app already built.
+    pub async fn bind_app(app: Arc<App>) -> std::io::Result<Server> {
+        let listener = TcpListener::bind(app.config.listen).await?;
+        Ok(Server { app, listener })
     }
 
     pub fn local_addr(&self) -> SocketAddr {

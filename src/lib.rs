@@ -11,6 +11,7 @@ pub mod config;
 pub mod frontend;
 pub mod pool;
 pub mod protocol;
+pub mod tls;
 
 pub use app::{App, Server};
 pub use config::Config;

@@ -42,23 +42,33 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // Building the app reads the files the config names (certificates, the
+    // auth file, HBA rules), so `check` validates those too.
+    let app = match usher::App::new(config) {
+        Ok(app) => app,
+        Err(e) => {
+            eprintln!("usher: invalid configuration: {e}");
+            return ExitCode::from(2);
+        }
+    };
     match cli.command.unwrap_or(Command::Run) {
         Command::Check => {
             println!("{}: configuration is valid", cli.config.display());
             ExitCode::SUCCESS
         }
-        Command::Run => run(config),
+        Command::Run => run(app),
     }
 }
 
-fn run(config: Config) -> ExitCode {
+fn run(app: std::sync::Arc<usher::App>) -> ExitCode {
+    let config = app.config.clone();
     init_logging(&config);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("tokio runtime");
     runtime.block_on(async move {
-        let server = match usher::Server::bind(config.clone()).await {
+        let server = match usher::Server::bind_app(app).await {
             Ok(s) => s,
             Err(e) => {
                 tracing::error!(listen = %config.listen, error = %e, "cannot listen");

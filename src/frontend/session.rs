@@ -11,6 +11,7 @@
 use super::close_with_error;
 use super::params::SessionParams;
 use super::registry::{ClientHandle, Registration};
+use super::stream::ClientStream;
 use crate::app::App;
 use crate::config::PoolMode;
 use crate::pool::{Checkout, Pool};
@@ -24,7 +25,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 /// Read buffers grow from this size; they are freed while the client is idle.
 const BUFFER_SIZE: usize = 16 * 1024;
@@ -107,7 +107,7 @@ impl Session {
     }
 
     /// Serves the client until it leaves, an error ends it, or shutdown.
-    pub async fn serve(mut self, mut client: TcpStream) {
+    pub async fn serve(mut self, mut client: ClientStream) {
         let mut held: Option<Checkout> = None;
         let mut flow = Flow::new();
         let end = self.serve_loop(&mut client, &mut held, &mut flow).await;
@@ -141,7 +141,7 @@ impl Session {
 
     async fn serve_loop(
         &mut self,
-        client: &mut TcpStream,
+        client: &mut ClientStream,
         held: &mut Option<Checkout>,
         flow: &mut Flow,
     ) -> End {
@@ -268,7 +268,7 @@ impl Session {
 
     /// Borrows a server connection and brings its parameters in line with
     /// the session.
-    async fn begin_transaction(&mut self, client: &mut TcpStream) -> Result<Checkout, PgError> {
+    async fn begin_transaction(&mut self, client: &mut ClientStream) -> Result<Checkout, PgError> {
         let mut checkout = self.pool.checkout().await?;
         if let Some(sql) = self.params.sync_sql(&checkout.conn, &self.defaults) {
             if let Err(e) = checkout.conn.simple_query(&sql).await {

@@ -1,6 +1,7 @@
 //! The server side of SCRAM-SHA-256 (RFC 5802, RFC 7677) as PostgreSQL
 //! speaks it: no channel binding offered, the user name taken from the
-//! startup packet. The client side is postgres-protocol's.
+//! startup packet. The client side is postgres-protocol's (with a password)
+//! and [`super::scram_client`]'s (with keys, for pass-through).
 
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;

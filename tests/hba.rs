@@ -105,7 +105,9 @@ async fn hostssl_and_hostnossl_follow_the_connections_encryption() {
     );
     let e = psql_err(&conninfo("bob", "require"), Some(BOB_PASSWORD), sql).await;
     assert!(
-        e.contains("no HBA entry for host \"127.0.0.1\", user \"bob\", database \"app\", SSL encryption"),
+        e.contains(
+            "no HBA entry for host \"127.0.0.1\", user \"bob\", database \"app\", SSL encryption"
+        ),
         "{e}"
     );
 }
@@ -156,7 +158,10 @@ async fn an_hba_file_in_pg_hba_conf_format_works() {
          host    all       all    0.0.0.0/0                  scram-sha-256\n",
     );
     let usher = Usher::start(pg, &format!("auth:\n  hba_file: {}\n", file.display())).await;
-    usher.connect_as("alice", "not-checked").await.expect("trust");
+    usher
+        .connect_as("alice", "not-checked")
+        .await
+        .expect("trust");
     assert_eq!(refused(&usher, "bob", "wrong").await.0, "28P01");
     usher.connect_as("bob", BOB_PASSWORD).await.expect("scram");
 
@@ -166,15 +171,14 @@ async fn an_hba_file_in_pg_hba_conf_format_works() {
         "bad_hba.conf",
         "host all all all trust\nhost all all all ident\n",
     );
-    let config = usher::Config::from_yaml(
-        &format!("auth:\n  hba_file: {}\n", bad.display()),
-        "u.yaml",
-    )
-    .unwrap();
+    let config =
+        usher::Config::from_yaml(&format!("auth:\n  hba_file: {}\n", bad.display()), "u.yaml")
+            .unwrap();
     let e = usher::App::new(config).expect_err("bad file");
     assert_eq!(e.key, "auth.hba_file");
     assert!(
-        e.message.contains("bad_hba.conf: line 2: unsupported method `ident`"),
+        e.message
+            .contains("bad_hba.conf: line 2: unsupported method `ident`"),
         "{e}"
     );
 }

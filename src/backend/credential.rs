@@ -2,11 +2,13 @@
 //! password, an md5 hash (answers md5 challenges as PgBouncer does), or the
 //! SCRAM keys a client's own login yielded (pass-through).
 
+use crate::auth::secret::ct_eq;
 use crate::protocol::scram_client::ScramKeys;
 use std::sync::{Arc, RwLock};
 
-/// One way to log in to the server. Debug never shows the secret.
-#[derive(Clone, Default, PartialEq, Eq)]
+/// One way to log in to the server. Debug never shows the secret, and
+/// equality compares secrets in constant time.
+#[derive(Clone, Default)]
 pub enum ServerCredential {
     /// Nothing: only a server that trusts usher lets it in.
     #[default]
@@ -25,6 +27,18 @@ impl std::fmt::Debug for ServerCredential {
             ServerCredential::Md5(_) => "ServerCredential::Md5(..)",
             ServerCredential::Scram(_) => "ServerCredential::Scram(..)",
         })
+    }
+}
+
+impl PartialEq for ServerCredential {
+    fn eq(&self, other: &Self) -> bool {
+        use ServerCredential::*;
+        match (self, other) {
+            (None, None) => true,
+            (Password(a), Password(b)) | (Md5(a), Md5(b)) => ct_eq(a.as_bytes(), b.as_bytes()),
+            (Scram(a), Scram(b)) => ct_eq(&a.client_key, &b.client_key) && a.verifier == b.verifier,
+            _ => false,
+        }
     }
 }
 

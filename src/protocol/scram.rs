@@ -13,14 +13,25 @@ use subtle::ConstantTimeEq;
 type HmacSha256 = Hmac<Sha256>;
 
 /// What PostgreSQL stores for a SCRAM password:
-/// `SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey>`.
-#[derive(Clone, PartialEq, Eq)]
+/// `SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey>`. Equality
+/// compares the keys in constant time.
+#[derive(Clone)]
 pub struct ScramVerifier {
     pub iterations: u32,
     pub salt: Vec<u8>,
     pub stored_key: [u8; 32],
     pub server_key: [u8; 32],
 }
+
+impl PartialEq for ScramVerifier {
+    fn eq(&self, other: &Self) -> bool {
+        let keys =
+            self.stored_key.ct_eq(&other.stored_key) & self.server_key.ct_eq(&other.server_key);
+        bool::from(keys) && self.iterations == other.iterations && self.salt == other.salt
+    }
+}
+
+impl Eq for ScramVerifier {}
 
 impl std::fmt::Debug for ScramVerifier {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -214,6 +214,15 @@ async fn the_auth_timeout_covers_the_tls_handshake_and_a_stalled_exchange() {
     assert!(started.elapsed() < Duration::from_secs(5));
     expect_outcome(&mut attempts, "", AuthOutcome::Timeout).await;
 
+    // Garbage instead of a ClientHello is a protocol error.
+    let mut s = TcpStream::connect(usher.addr).await.unwrap();
+    s.write_all(&request).await.unwrap();
+    assert_eq!(s.read_u8().await.unwrap(), b'S');
+    s.write_all(&[0x42; 64]).await.unwrap();
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut rest)).await;
+    expect_outcome(&mut attempts, "", AuthOutcome::ProtocolError).await;
+
     // A SCRAM exchange that stops after the first step.
     let mut s = TcpStream::connect(usher.addr).await.unwrap();
     start_sasl(&mut s, "alice").await;
@@ -243,6 +252,12 @@ async fn every_outcome_is_recorded_with_who_where_and_how() {
     assert_eq!(sqlstate(&e).as_deref(), Some("28P01"));
     let m = expect_outcome(&mut attempts, "mallory", AuthOutcome::UnknownUser).await;
     assert!(!m.user_exists);
+
+    // A startup packet that cannot be read: a protocol error, name unknown.
+    let mut s = TcpStream::connect(usher.addr).await.unwrap();
+    s.write_all(&100_000_000u32.to_be_bytes()).await.unwrap();
+    assert_eq!(read_error(&mut s).await[&'C'], "08P01");
+    expect_outcome(&mut attempts, "", AuthOutcome::ProtocolError).await;
 }
 
 /// The files where secrets are checked, and the words that name secrets.

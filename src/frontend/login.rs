@@ -28,13 +28,45 @@ use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-/// What the login has learnt so far, for the attempt record if it times out.
-#[derive(Debug, Default)]
+/// What the login has learnt so far: what the attempt record says, however
+/// the login ends.
+#[derive(Debug)]
 struct Progress {
+    addr: SocketAddr,
     user: Option<String>,
     database: Option<String>,
     user_exists: bool,
     method: Option<AuthMethod>,
+    /// The outcome has been recorded (each login records one).
+    recorded: bool,
+}
+
+impl Progress {
+    fn new(addr: SocketAddr) -> Self {
+        Progress {
+            addr,
+            user: None,
+            database: None,
+            user_exists: false,
+            method: None,
+            recorded: false,
+        }
+    }
+
+    /// Records the outcome of this login, once.
+    fn record(&mut self, app: &App, outcome: AuthOutcome) {
+        if std::mem::replace(&mut self.recorded, true) {
+            return;
+        }
+        app.record(AuthAttempt {
+            user: self.user.clone().unwrap_or_default(),
+            user_exists: self.user_exists,
+            database: self.database.clone().unwrap_or_default(),
+            client_addr: self.addr,
+            method: self.method.unwrap_or(app.config.auth.method).to_string(),
+            outcome,
+        });
+    }
 }
 
 /// What a successful login leads to.
@@ -48,22 +80,12 @@ pub async fn handle_client(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
     let _ = tcp.set_nodelay(true);
     let mut stream = ClientStream::Plain(tcp);
     let (_connected, count) = app.clients.connect();
-    let attempt = |progress: Progress, outcome| AuthAttempt {
-        user: progress.user.unwrap_or_default(),
-        user_exists: progress.user_exists,
-        database: progress.database.unwrap_or_default(),
-        client_addr: addr,
-        method: progress
-            .method
-            .unwrap_or(app.config.auth.method)
-            .to_string(),
-        outcome,
-    };
+    let mut progress = Progress::new(addr);
     // Clients that have not finished logging in are bounded: each costs a
     // task, buffers and maybe a TLS handshake, and silent ones hold theirs
     // until auth_timeout.
     let Ok(slot) = app.login_slots.clone().try_acquire_owned() else {
-        app.record(attempt(Progress::default(), AuthOutcome::Refused));
+        progress.record(&app, AuthOutcome::Refused);
         let e = PgError::fatal(
             sqlstate::TOO_MANY_CONNECTIONS,
             format!(
@@ -74,21 +96,22 @@ pub async fn handle_client(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
         close_with_error(&mut stream, &e).await;
         return;
     };
-    let mut progress = Progress::default();
     let timeout = Duration::from_secs_f64(app.config.auth_timeout);
-    let result = tokio::time::timeout(
-        timeout,
-        login(&app, &mut stream, addr, count, &mut progress),
-    )
-    .await;
+    let result =
+        tokio::time::timeout(timeout, login(&app, &mut stream, count, &mut progress)).await;
     drop(slot);
     match result {
         Ok(Ok(Some(LoggedIn::Session(session)))) => session.serve(stream).await,
         Ok(Ok(Some(LoggedIn::Admin(console)))) => console.serve(stream).await,
         Ok(Ok(None)) => {}
-        Ok(Err(e)) => close_with_error(&mut stream, &e).await,
+        Ok(Err(e)) => {
+            // Refusals were recorded with their own outcome; what is left
+            // is bad input (or a failure after a recorded success).
+            progress.record(&app, AuthOutcome::ProtocolError);
+            close_with_error(&mut stream, &e).await
+        }
         Err(_) => {
-            app.record(attempt(progress, AuthOutcome::Timeout));
+            progress.record(&app, AuthOutcome::Timeout);
             let e = PgError::fatal(
                 sqlstate::PROTOCOL_VIOLATION,
                 "canceling authentication due to timeout",
@@ -99,36 +122,11 @@ pub async fn handle_client(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
     }
 }
 
-/// Records the outcome of this login's attempt.
-struct Recorder<'a> {
-    app: &'a App,
-    user: &'a str,
-    database: &'a str,
-    addr: SocketAddr,
-}
-
-impl Recorder<'_> {
-    fn record(&self, progress: &Progress, outcome: AuthOutcome) {
-        self.app.record(AuthAttempt {
-            user: self.user.to_string(),
-            user_exists: progress.user_exists,
-            database: self.database.to_string(),
-            client_addr: self.addr,
-            method: progress
-                .method
-                .unwrap_or(self.app.config.auth.method)
-                .to_string(),
-            outcome,
-        });
-    }
-}
-
 /// The startup phase. `Ok(None)`: nothing more to do (cancel request, or the
 /// client left); `Err`: send this error and close.
 async fn login(
     app: &Arc<App>,
     stream: &mut ClientStream,
-    addr: SocketAddr,
     count: usize,
     progress: &mut Progress,
 ) -> Result<Option<LoggedIn>, PgError> {
@@ -147,14 +145,9 @@ async fn login(
     progress.user_exists = app.credentials.is_listed(&user);
 
     let config = &app.config;
-    let recorder = Recorder {
-        app,
-        user: &user,
-        database: &database,
-        addr,
-    };
-    let refuse = |progress: &Progress, outcome, error: PgError| {
-        recorder.record(progress, outcome);
+    let addr = progress.addr;
+    let refuse = |progress: &mut Progress, outcome, error: PgError| {
+        progress.record(app, outcome);
         Err(error)
     };
     if count > config.max_client_conn {
@@ -283,11 +276,11 @@ async fn login(
     let authenticated = match auth::authenticate(stream, &challenge).await {
         Ok(a) => a,
         Err(failure) => {
-            recorder.record(progress, failure.outcome);
+            progress.record(app, failure.outcome);
             return Err(failure.error);
         }
     };
-    recorder.record(progress, AuthOutcome::Success);
+    progress.record(app, AuthOutcome::Success);
 
     if crate::admin::is_admin_database(&database) {
         return crate::admin::Console::login(app.clone(), stream, &user)
@@ -360,8 +353,10 @@ async fn startup(
                     // client sent in plaintext after SSLRequest is taken
                     // as if it came over TLS: it is the TLS handshake.
                     if let Err(e) = stream.start_tls(&tls.acceptor).await {
+                        // Recorded as a protocol error; the client cannot
+                        // read an ErrorResponse without TLS.
                         tracing::info!(error = %e, "TLS handshake with a client failed");
-                        return Ok(None);
+                        return Err(PgError::protocol(format!("TLS handshake failed: {e}")));
                     }
                 }
                 // 'N' tells the client to go on in plaintext (or give up).

@@ -342,3 +342,68 @@ async fn usher_connects_to_postgres_with_each_tls_mode() {
         "{err:?}"
     );
 }
+
+#[test]
+fn usher_check_reads_the_certificate_and_auth_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("check CA");
+    let pair = ca.server(&["127.0.0.1"]);
+    let cert = write_file(dir.path(), "usher.crt", &pair.cert_pem);
+    let key = write_file(dir.path(), "usher.key", &pair.key_pem);
+    let check = |yaml: String| {
+        let path = dir.path().join("usher.yaml");
+        std::fs::write(&path, yaml).unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_usher"))
+            .args(["check", "--config"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let tls = |cert: &str, key: &str| format!("tls:\n  cert: {cert}\n  key: {key}\n");
+    let (ok, err) = check(tls(&cert.display().to_string(), &key.display().to_string()));
+    assert!(ok, "{err}");
+
+    let (ok, err) = check(tls("/nonexistent/usher.crt", &key.display().to_string()));
+    assert!(!ok);
+    assert!(
+        err.contains("usher.yaml: tls.cert: cannot read /nonexistent/usher.crt"),
+        "{err}"
+    );
+
+    // A key file that holds a certificate: named, and never quoted.
+    let (ok, err) = check(tls(
+        &cert.display().to_string(),
+        &cert.display().to_string(),
+    ));
+    assert!(!ok);
+    assert!(
+        err.contains("tls.key") && err.contains("no PEM private key"),
+        "{err}"
+    );
+    assert!(!err.contains("BEGIN"), "{err}");
+
+    let other = TestCa::new("other").server(&["127.0.0.1"]);
+    let other_key = write_file(dir.path(), "other.key", &other.key_pem);
+    let (ok, err) = check(tls(
+        &cert.display().to_string(),
+        &other_key.display().to_string(),
+    ));
+    assert!(!ok);
+    assert!(err.contains("tls.key: does not fit tls.cert"), "{err}");
+
+    let (ok, err) = check(format!(
+        "databases:\n  app:\n    tls: verify-full\n    tls_ca: {}\n",
+        key.display()
+    ));
+    assert!(!ok);
+    assert!(err.contains("databases.app.tls_ca"), "{err}");
+
+    let list = write_file(dir.path(), "userlist.txt", "\"alice\" \"pw\"\nalice pw\n");
+    let (ok, err) = check(format!("auth:\n  file: {}\n", list.display()));
+    assert!(!ok);
+    assert!(err.contains("auth.file") && err.contains("line 2"), "{err}");
+}

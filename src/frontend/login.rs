@@ -192,74 +192,9 @@ async fn login(
     };
     progress.user_exists = lookup.exists;
 
-    let tls = stream.is_tls();
-    let encryption = if tls {
-        "SSL encryption"
-    } else {
-        "no encryption"
-    };
-    if !tls && app.client_tls.as_ref().map(|t| t.mode) == Some(TlsMode::Require) {
-        return refuse(
-            progress,
-            AuthOutcome::TlsRequired,
-            PgError::fatal(
-                sqlstate::INVALID_AUTHORIZATION,
-                format!(
-                    "TLS is required: usher refuses unencrypted connections (host \"{}\", user \"{user}\", database \"{database}\")",
-                    addr.ip()
-                ),
-            )
-            .with_hint("connect with sslmode=require (or verify-full)"),
-        );
-    }
-    let method = match &app.hba {
-        None => config.auth.method,
-        Some(hba) => {
-            let conn = Connection {
-                addr: addr.ip(),
-                tls,
-                database: &database,
-                user: &user,
-            };
-            let credentials = &app.credentials;
-            let decision = hba
-                .decide(&conn, |role| {
-                    let (database, user) = (&database, &user);
-                    async move { credentials.is_member(database, user, &role).await }
-                })
-                .await;
-            let described = format!(
-                "host \"{}\", user \"{user}\", database \"{database}\", {encryption}",
-                addr.ip()
-            );
-            match decision {
-                Decision::Method { method, rule } => {
-                    tracing::debug!(user = %user, database = %database, rule = %rule, method = %method, "HBA rule matched");
-                    method
-                }
-                Decision::Reject { rule } => {
-                    tracing::debug!(user = %user, database = %database, rule = %rule, "HBA rule rejects");
-                    return refuse(
-                        progress,
-                        AuthOutcome::HbaReject,
-                        PgError::fatal(
-                            sqlstate::INVALID_AUTHORIZATION,
-                            format!("HBA rejects connection for {described}"),
-                        ),
-                    );
-                }
-                Decision::NoMatch => {
-                    return refuse(
-                        progress,
-                        AuthOutcome::HbaReject,
-                        PgError::fatal(
-                            sqlstate::INVALID_AUTHORIZATION,
-                            format!("no HBA entry for {described}"),
-                        ),
-                    );
-                }
-            }
-        }
+    let method = match choose_method(app, stream.is_tls(), addr, &user, &database).await {
+        Ok(method) => method,
+        Err((outcome, error)) => return refuse(progress, outcome, error),
     };
     progress.method = Some(method);
 
@@ -328,6 +263,68 @@ async fn login(
         server_params,
         registration,
     )))))
+}
+
+/// Picks the method for this connection, or refuses it: TLS when
+/// `tls.mode` is require, then the HBA rules (or `auth.method` without them).
+async fn choose_method(
+    app: &App,
+    tls: bool,
+    addr: SocketAddr,
+    user: &str,
+    database: &str,
+) -> Result<AuthMethod, (AuthOutcome, PgError)> {
+    let host = addr.ip();
+    if !tls && app.client_tls.as_ref().map(|t| t.mode) == Some(TlsMode::Require) {
+        let e = PgError::fatal(
+            sqlstate::INVALID_AUTHORIZATION,
+            format!(
+                "TLS is required: usher refuses unencrypted connections (host \"{host}\", user \"{user}\", database \"{database}\")"
+            ),
+        )
+        .with_hint("connect with sslmode=require (or verify-full)");
+        return Err((AuthOutcome::TlsRequired, e));
+    }
+    let Some(hba) = &app.hba else {
+        return Ok(app.config.auth.method);
+    };
+    let conn = Connection {
+        addr: host,
+        tls,
+        database,
+        user,
+    };
+    let credentials = &app.credentials;
+    let decision = hba
+        .decide(&conn, |role| async move {
+            credentials.is_member(database, user, &role).await
+        })
+        .await;
+    // PostgreSQL's wording, with "HBA" for "pg_hba.conf".
+    let encryption = if tls {
+        "SSL encryption"
+    } else {
+        "no encryption"
+    };
+    let described =
+        format!("host \"{host}\", user \"{user}\", database \"{database}\", {encryption}");
+    let refused = |message: String| {
+        Err((
+            AuthOutcome::HbaReject,
+            PgError::fatal(sqlstate::INVALID_AUTHORIZATION, message),
+        ))
+    };
+    match decision {
+        Decision::Method { method, rule } => {
+            tracing::debug!(user, database, rule = %rule, method = %method, "HBA rule matched");
+            Ok(method)
+        }
+        Decision::Reject { rule } => {
+            tracing::debug!(user, database, rule = %rule, "HBA rule rejects");
+            refused(format!("HBA rejects connection for {described}"))
+        }
+        Decision::NoMatch => refused(format!("no HBA entry for {described}")),
+    }
 }
 
 /// Reads startup-phase packets until the startup message, answering

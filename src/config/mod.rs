@@ -185,10 +185,13 @@ pub struct DatabaseConfig {
     pub pool_size: Option<usize>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+/// Debug never shows the password (see [`security::redacted_user`]).
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UserConfig {
-    /// Plaintext, an md5 hash (`md5...`) or a SCRAM-SHA-256 verifier.
+    /// Plaintext, an md5 hash (`md5...`) or a SCRAM-SHA-256 verifier. A
+    /// value of the wrong type is an error that does not quote it.
+    #[serde(default, deserialize_with = "security::secret_string")]
     pub password: Option<String>,
     pub pool_mode: Option<PoolMode>,
     pub pool_size: Option<usize>,

@@ -3,10 +3,69 @@
 //! the checks that tie them together. Files named here (certificates, the
 //! userlist, a pg_hba.conf) are read when the app is built, not here.
 
-use super::{AuthMethod, Config, ConfigError};
-use serde::Deserialize;
+use super::{AuthMethod, Config, ConfigError, UserConfig};
+use serde::{Deserialize, Deserializer};
 use std::fmt;
 use std::path::PathBuf;
+
+impl fmt::Debug for UserConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        redacted_user(self, f)
+    }
+}
+
+/// UserConfig's Debug: the password's presence, never its text.
+pub fn redacted_user(u: &UserConfig, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    f.debug_struct("UserConfig")
+        .field("password", &u.password.as_ref().map(|_| ".."))
+        .field("pool_mode", &u.pool_mode)
+        .field("pool_size", &u.pool_size)
+        .finish()
+}
+
+/// Reads a password. serde's own error for a wrong type would quote the
+/// value (`invalid type: integer `12345``), and an unquoted numeric password
+/// is the usual way to get one; this error names only the expectation.
+pub(super) fn secret_string<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    struct Secret;
+    impl<'de> serde::de::Visitor<'de> for Secret {
+        type Value = Option<String>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a string (quote passwords that look like numbers)")
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+            Ok(Some(v.to_string()))
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Self::Value, E> {
+            Err(E::custom(EXPECTED_STRING))
+        }
+        fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<Self::Value, E> {
+            Err(E::custom(EXPECTED_STRING))
+        }
+        fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Self::Value, E> {
+            Err(E::custom(EXPECTED_STRING))
+        }
+        fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Self::Value, E> {
+            Err(E::custom(EXPECTED_STRING))
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, _: A) -> Result<Self::Value, A::Error> {
+            Err(serde::de::Error::custom(EXPECTED_STRING))
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, _: A) -> Result<Self::Value, A::Error> {
+            Err(serde::de::Error::custom(EXPECTED_STRING))
+        }
+    }
+    d.deserialize_any(Secret)
+}
+
+const EXPECTED_STRING: &str =
+    "expected a string (quote passwords that look like numbers or booleans)";
 
 /// Whether clients may or must use TLS.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -294,6 +353,19 @@ mod tests {
             Config::from_yaml("auth: { user: a }\nusers: { a: { password: pw } }\n", "s").unwrap();
         assert!(c.auth.effective_query().unwrap().contains("pg_shadow"));
         assert_eq!(key_of("auth: { dbname: x }\n"), "auth.dbname");
+    }
+
+    #[test]
+    fn a_wrongly_typed_password_is_not_quoted_and_debug_hides_it() {
+        let e = Config::from_yaml("users: { u: { password: 918273645 } }\n", "s.yaml").unwrap_err();
+        assert_eq!(e.key, "users.u.password");
+        assert!(!e.to_string().contains("918273645"), "{e}");
+        assert!(e.message.contains("quote"), "{e}");
+        let c =
+            Config::from_yaml("users: { u: { password: \"hunter22\" }, v: {} }\n", "s").unwrap();
+        assert_eq!(c.users["u"].password.as_deref(), Some("hunter22"));
+        assert_eq!(c.users["v"].password, None);
+        assert!(!format!("{c:?}").contains("hunter22"));
     }
 
     #[test]

@@ -128,9 +128,15 @@ where
             let given = given.strip_suffix('\0').unwrap_or(&given);
             match secret {
                 None => Err(unknown()),
-                Some(s) if s.check_cleartext(user, given) => Ok(Authenticated {
-                    scram_client_key: s.scram_client_key(given),
-                }),
+                // One PBKDF2 run both checks the password and yields the
+                // ClientKey for SCRAM pass-through.
+                Some(s @ Secret::Scram(_)) => match s.scram_client_key(given) {
+                    Some(key) => Ok(Authenticated {
+                        scram_client_key: Some(key),
+                    }),
+                    None => Err(wrong()),
+                },
+                Some(s) if s.check_cleartext(user, given) => Ok(Authenticated::default()),
                 Some(_) => Err(wrong()),
             }
         }

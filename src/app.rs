@@ -3,7 +3,7 @@
 
 use crate::auth::hba::Hba;
 use crate::auth::{AuthAttempt, Credentials};
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, HbaMethod};
 use crate::frontend::registry::ClientRegistry;
 use crate::pool::Pools;
 use crate::tls::{ClientTls, ServerTls};
@@ -75,6 +75,13 @@ impl App {
             }
             (None, None) => None,
         };
+        let verifies_clients = client_tls.as_ref().is_some_and(|t| t.verifies_clients);
+        if hba.as_ref().is_some_and(|h| h.uses(HbaMethod::Cert)) && !verifies_clients {
+            return Err(err(
+                "auth.hba_file",
+                "cert rules need TLS (tls.mode allow or require) and tls.ca".into(),
+            ));
+        }
         if hba.as_ref().is_some_and(Hba::needs_membership) && config.auth.user.is_none() {
             return Err(err(
                 if config.auth.hba.is_some() {

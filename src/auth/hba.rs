@@ -194,6 +194,11 @@ impl Hba {
         Ok(Hba { rules })
     }
 
+    /// True if some rule authenticates with `method`.
+    pub fn uses(&self, method: HbaMethod) -> bool {
+        self.rules.iter().any(|r| r.method == method)
+    }
+
     /// True if some rule names a `+role` (membership must be asked of the server).
     pub fn needs_membership(&self) -> bool {
         self.rules

@@ -181,4 +181,15 @@ async fn an_hba_file_in_pg_hba_conf_format_works() {
             .contains("bad_hba.conf: line 2: unsupported method `ident`"),
         "{e}"
     );
+
+    // cert rules with no client certificates to check: an error, not a lockout.
+    let cert = write_file(dir.path(), "cert_hba.conf", "hostssl all all all cert\n");
+    let config = usher::Config::from_yaml(
+        &format!("auth:\n  hba_file: {}\n", cert.display()),
+        "u.yaml",
+    )
+    .unwrap();
+    let e = usher::App::new(config).expect_err("cert without tls.ca");
+    assert_eq!(e.key, "auth.hba_file");
+    assert!(e.message.contains("tls.ca"), "{e}");
 }

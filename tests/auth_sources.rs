@@ -37,12 +37,24 @@ fn pg() -> &'static PgCluster {
     pg
 }
 
+/// Runs SQL as the superuser, one statement list at a time: concurrent
+/// GRANTs and REVOKEs on the same database or schema fail with "tuple
+/// concurrently updated".
+fn super_sql(db: &str, sql: &str) -> String {
+    static CATALOG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = CATALOG.lock().unwrap_or_else(|e| e.into_inner());
+    pg().psql_super_db(db, sql)
+}
+
 /// Creates a login role on the server only, with a SCRAM password.
 fn server_role(name: &str, password: &str) {
-    pg().psql_super(&format!(
-        "CREATE ROLE {name} LOGIN PASSWORD '{password}'; GRANT ALL ON DATABASE app TO {name};"
-    ));
-    pg().psql_super_db("app", &format!("GRANT ALL ON SCHEMA public TO {name}"));
+    super_sql(
+        "postgres",
+        &format!(
+            "CREATE ROLE {name} LOGIN PASSWORD '{password}'; GRANT ALL ON DATABASE app TO {name};"
+        ),
+    );
+    super_sql("app", &format!("GRANT ALL ON SCHEMA public TO {name}"));
 }
 
 /// usher's YAML with `users.<auth_user>` added and `extra` at the top level.
@@ -57,7 +69,7 @@ fn yaml(auth_user: &str, auth_password: &str, extra: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scram_role_that_exists_only_on_the_server_logs_in_through_auth_query() {
     server_role("carol", "carol-pw");
-    pg().psql_super_db(
+    super_sql(
         "app",
         "CREATE TABLE carol_log (n int); ALTER TABLE carol_log OWNER TO carol;",
     );
@@ -182,7 +194,7 @@ async fn a_role_dropped_on_the_server_stops_working_once_the_cache_expires() {
         .connect_as("dave", "dave-pw")
         .await
         .expect("dave logs in");
-    pg().psql_super_db(
+    super_sql(
         "app",
         "REVOKE ALL ON SCHEMA public FROM dave; REVOKE ALL ON DATABASE app FROM dave; DROP ROLE dave;",
     );
@@ -233,7 +245,8 @@ async fn a_password_changed_on_the_server_gives_the_pool_new_scram_keys() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auth_file_secrets_log_in_with_scram_and_md5_pass_through() {
     server_role("hank", "hank-pw");
-    pg().psql_super(
+    super_sql(
+        "postgres",
         "SET password_encryption = 'md5'; CREATE ROLE erin LOGIN PASSWORD 'erin-pw'; \
          GRANT ALL ON DATABASE app TO erin;",
     );

@@ -1,8 +1,9 @@
 //! The running pooler: state shared by all client tasks, the accept loop,
 //! and graceful shutdown.
 
-use crate::auth::Secret;
-use crate::config::{Config, OnError};
+use crate::auth::hba::Hba;
+use crate::auth::{AuthAttempt, Credentials};
+use crate::config::{Config, ConfigError, HbaMethod, OnError};
 use crate::frontend::prepared::StatementRegistry;
 use crate::frontend::registry::ClientRegistry;
 use crate::hooks::lua::{LoadError, LuaEngine, LuaServices, LuaSettings};
@@ -11,32 +12,46 @@ use crate::hooks::roles::RoleCache;
 use crate::hooks::shared::SharedStore;
 use crate::hooks::{Dispatcher, Hook};
 use crate::pool::Pools;
+use crate::tls::{ClientTls, ServerTls};
 use rand::RngCore;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch, Semaphore};
+
+/// Auth attempt records a slow subscriber may fall behind by before it
+/// misses some.
+const ATTEMPT_BACKLOG: usize = 1024;
 
 /// Everything client tasks share. Read-mostly; nothing here is locked on the
 /// forwarding path.
 #[derive(Debug)]
 pub struct App {
     pub config: Arc<Config>,
-    /// Secrets of the users in the config, parsed once.
-    pub secrets: HashMap<String, Secret>,
+    /// Where user secrets come from: config, auth file, auth query.
+    pub credentials: Credentials,
+    /// `auth.hba` / `auth.hba_file`; `None`: every client uses `auth.method`.
+    pub hba: Option<Hba>,
+    /// Client-facing TLS; `None` when `tls.mode` is disable.
+    pub client_tls: Option<ClientTls>,
+    /// TLS towards each database's server.
+    pub server_tls: HashMap<String, ServerTls>,
     pub pools: Pools,
     pub clients: Arc<ClientRegistry>,
     /// Server-side names of prepared statements, shared by all clients.
     pub statements: StatementRegistry,
     /// Salts the fake SCRAM exchange for unknown users.
     pub mock_key: [u8; 32],
+    /// One permit per client in the startup phase (`max_auth_clients`).
+    pub login_slots: Arc<Semaphore>,
     /// The hooks of every event and the global switch.
     pub hooks: Dispatcher,
     /// What Lua hooks reach beyond their VMs (shared store, role graph,
     /// query pool); survives reloads.
     pub lua_services: Arc<LuaServices>,
+    attempts: broadcast::Sender<AuthAttempt>,
     shutdown: watch::Sender<bool>,
 }
 
@@ -48,46 +63,91 @@ pub struct StartOptions {
 }
 
 impl App {
-    /// Builds the app and loads the hooks. Broken hook files stop start-up,
-    /// unless hooks start switched off (the recovery path): then they are
-    /// reported and RELOAD can bring them in once fixed.
-    pub fn new(config: Config, options: StartOptions) -> anyhow::Result<Arc<App>> {
-        let secrets = config
-            .users
-            .iter()
-            .filter_map(|(name, u)| {
-                u.password
-                    .as_deref()
-                    .map(|p| (name.clone(), Secret::parse(p)))
-            })
-            .collect();
+    /// Builds the app with default start options.
+    pub fn new(config: Config) -> Result<Arc<App>, ConfigError> {
+        App::with_options(config, StartOptions::default())
+    }
+
+    /// Builds the app, reading the files the config names (certificates,
+    /// the auth file, an HBA file, the hook files); errors name the file and
+    /// key. Broken hook files stop start-up unless hooks start switched off
+    /// (the recovery path): then they are logged, and RELOAD brings them in
+    /// once fixed.
+    pub fn with_options(config: Config, options: StartOptions) -> Result<Arc<App>, ConfigError> {
+        let err = |key: &str, message: String| ConfigError {
+            file: config.source.clone(),
+            key: key.to_string(),
+            message,
+        };
+        let client_tls = ClientTls::from_config(&config.tls).map_err(|(k, m)| err(k, m))?;
+        let mut server_tls = HashMap::new();
+        for (name, db) in &config.databases {
+            let tls = ServerTls::from_config(db)
+                .map_err(|(k, m)| err(&format!("databases.{name}.{k}"), m))?;
+            server_tls.insert(name.clone(), tls);
+        }
+        let credentials = Credentials::load(&config, &server_tls)?;
+        let hba = match (&config.auth.hba, &config.auth.hba_file) {
+            (Some(rules), _) => Some(Hba::from_config(rules).map_err(|(k, m)| err(&k, m))?),
+            (None, Some(path)) => {
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    err(
+                        "auth.hba_file",
+                        format!("cannot read {}: {e}", path.display()),
+                    )
+                })?;
+                let name = path.display().to_string();
+                let hba = Hba::parse_file(&text, &name)
+                    .map_err(|m| err("auth.hba_file", format!("{name}: {m}")))?;
+                Some(hba)
+            }
+            (None, None) => None,
+        };
+        let verifies_clients = client_tls.as_ref().is_some_and(|t| t.verifies_clients);
+        if hba.as_ref().is_some_and(|h| h.uses(HbaMethod::Cert)) && !verifies_clients {
+            return Err(err(
+                "auth.hba_file",
+                "cert rules need TLS (tls.mode allow or require) and tls.ca".into(),
+            ));
+        }
+        if hba.as_ref().is_some_and(Hba::needs_membership) && config.auth.user.is_none() {
+            return Err(err(
+                if config.auth.hba.is_some() {
+                    "auth.hba"
+                } else {
+                    "auth.hba_file"
+                },
+                "+role rules need auth.user: usher asks the server about role membership".into(),
+            ));
+        }
         let mut mock_key = [0u8; 32];
         rand::thread_rng().fill_bytes(&mut mock_key);
         let h = &config.hooks;
         let enabled = h.enabled && !options.hooks_off;
-        let query = Arc::new(QueryPool::new(
-            config.hook_query_connection(),
-            h.query.as_ref().map_or(1, |q| q.pool_size),
-            Duration::from_millis(h.query.as_ref().map_or(1000, |q| q.timeout_ms)),
-        ));
-        let roles = Arc::new(RoleCache::default());
-        if query.configured() {
-            roles.spawn_refresher(query.clone(), Duration::from_secs_f64(h.roles_refresh_s));
-        }
         let lua_services = Arc::new(LuaServices {
             shared: SharedStore::new(h.shared_max_keys),
-            roles,
-            query,
+            roles: Arc::new(RoleCache::default()),
+            query: Arc::new(QueryPool::new(
+                config.hook_query_connection(),
+                h.query.as_ref().map_or(1, |q| q.pool_size),
+                Duration::from_millis(h.query.as_ref().map_or(1000, |q| q.timeout_ms)),
+            )),
         });
+        let source = config.source.clone();
         let app = Arc::new(App {
             hooks: Dispatcher::new(enabled, h.on_error == OnError::Allow),
+            lua_services,
+            login_slots: Arc::new(Semaphore::new(config.max_auth_clients)),
             config: Arc::new(config),
-            secrets,
+            credentials,
+            hba,
+            client_tls,
+            server_tls,
             pools: Pools::new(),
             clients: Arc::new(ClientRegistry::default()),
             statements: StatementRegistry::default(),
             mock_key,
-            lua_services,
+            attempts: broadcast::channel(ATTEMPT_BACKLOG).0,
             shutdown: watch::channel(false).0,
         });
         match app.reload_hooks() {
@@ -99,10 +159,14 @@ impl App {
             }
             Err(errors) => {
                 let list: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
-                anyhow::bail!(
-                    "hooks failed to load:\n  {}\n(start with --no-hooks or USHER_HOOKS=off to run without them)",
-                    list.join("\n  ")
-                );
+                return Err(ConfigError {
+                    file: source,
+                    key: "hooks.dir".into(),
+                    message: format!(
+                        "hook files failed to load (start with --no-hooks or USHER_HOOKS=off to run without them):\n  {}",
+                        list.join("\n  ")
+                    ),
+                });
             }
         }
         Ok(app)
@@ -130,9 +194,31 @@ impl App {
         Ok(files)
     }
 
-    /// True for users listed in the config.
-    pub fn user_exists(&self, user: &str) -> bool {
-        self.config.users.contains_key(user)
+    /// Starts the background work the app needs (the role graph refresher).
+    /// Needs a tokio runtime.
+    fn start_background(&self) {
+        let s = &self.lua_services;
+        if s.query.configured() {
+            s.roles.spawn_refresher(
+                s.query.clone(),
+                Duration::from_secs_f64(self.config.hooks.roles_refresh_s),
+            );
+        }
+    }
+
+    /// Reports an authentication outcome: logged, handed to the
+    /// auth_attempt hooks, and sent to whoever subscribed.
+    pub async fn record(&self, attempt: AuthAttempt) {
+        attempt.log();
+        self.hooks.auth_attempt(&attempt).await;
+        if self.attempts.receiver_count() > 0 {
+            let _ = self.attempts.send(attempt);
+        }
+    }
+
+    /// Every authentication outcome from now on.
+    pub fn auth_attempts(&self) -> broadcast::Receiver<AuthAttempt> {
+        self.attempts.subscribe()
     }
 
     /// Starts a graceful shutdown: stop accepting, end clients at their next
@@ -153,15 +239,17 @@ pub struct Server {
 }
 
 impl Server {
-    /// Binds `config.listen` and builds the app.
-    pub async fn bind(config: Config, options: StartOptions) -> anyhow::Result<Server> {
-        let listener = TcpListener::bind(config.listen)
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
-        Ok(Server {
-            app: App::new(config, options)?,
-            listener,
-        })
+    /// Builds the app and binds `config.listen`.
+    pub async fn bind(config: Config, options: StartOptions) -> std::io::Result<Server> {
+        let app = App::with_options(config, options)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+        Server::bind_app(app).await
+    }
+
+    /// Binds `listen` for an app already built.
+    pub async fn bind_app(app: Arc<App>) -> std::io::Result<Server> {
+        let listener = TcpListener::bind(app.config.listen).await?;
+        Ok(Server { app, listener })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -174,6 +262,7 @@ impl Server {
     /// `shutdown_timeout` for connected clients to finish.
     pub async fn run(self) {
         let app = self.app;
+        app.start_background();
         let mut shutdown = app.shutting_down();
         tracing::info!(listen = %self.listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), "usher is accepting connections");
         loop {

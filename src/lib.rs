@@ -12,6 +12,7 @@ pub mod frontend;
 pub mod hooks;
 pub mod pool;
 pub mod protocol;
+pub mod tls;
 
 pub use app::{App, Server};
 pub use config::Config;

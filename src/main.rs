@@ -49,32 +49,45 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match cli.command.unwrap_or(Command::Run) {
+    let command = cli.command.unwrap_or(Command::Run);
+    if let Command::Hooks(cmd) = command {
+        return usher::hooks::cli::run(&config, cmd);
+    }
+    let hooks_off =
+        cli.no_hooks || std::env::var("USHER_HOOKS").is_ok_and(|v| v.eq_ignore_ascii_case("off"));
+    if matches!(command, Command::Run) {
+        init_logging(&config);
+    }
+    // Building the app reads the files the config names (certificates, the
+    // auth file, HBA rules, hook files), so `check` validates those too.
+    let app = match usher::App::with_options(config, usher::app::StartOptions { hooks_off }) {
+        Ok(app) => app,
+        Err(e) => {
+            eprintln!("usher: invalid configuration: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match command {
         Command::Check => {
             println!("{}: configuration is valid", cli.config.display());
             ExitCode::SUCCESS
         }
-        Command::Run => {
-            let hooks_off = cli.no_hooks
-                || std::env::var("USHER_HOOKS").is_ok_and(|v| v.eq_ignore_ascii_case("off"));
-            run(config, usher::app::StartOptions { hooks_off })
-        }
-        Command::Hooks(cmd) => usher::hooks::cli::run(&config, cmd),
+        _ => run(app),
     }
 }
 
-fn run(config: Config, options: usher::app::StartOptions) -> ExitCode {
-    init_logging(&config);
+fn run(app: std::sync::Arc<usher::App>) -> ExitCode {
+    let config = app.config.clone();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("tokio runtime");
     runtime.block_on(async move {
-        let server = match usher::Server::bind(config, options).await {
+        let server = match usher::Server::bind_app(app).await {
             Ok(s) => s,
             Err(e) => {
-                tracing::error!("{e:#}");
-                eprintln!("usher: {e:#}");
+                tracing::error!(listen = %config.listen, error = %e, "cannot listen");
+                eprintln!("usher: cannot listen on {}: {e}", config.listen);
                 return ExitCode::from(1);
             }
         };

@@ -5,13 +5,13 @@
 
 use crate::app::App;
 use crate::frontend::close_with_error;
+use crate::frontend::stream::ClientStream;
 use crate::protocol::error::sqlstate;
 use crate::protocol::messages::{self, read_message};
 use crate::protocol::PgError;
 use bytes::BytesMut;
 use std::sync::Arc;
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 
 /// The name of the admin console's database.
 pub const ADMIN_DATABASE: &str = "usher";
@@ -38,7 +38,7 @@ impl Console {
     /// Checks the (already authenticated) user may use the console and sends the welcome.
     pub async fn login(
         app: Arc<App>,
-        stream: &mut TcpStream,
+        stream: &mut ClientStream,
         user: &str,
     ) -> Result<Console, PgError> {
         let admin = &app.config.admin;
@@ -76,7 +76,7 @@ impl Console {
     }
 
     /// Answers simple queries until the client leaves.
-    pub async fn serve(self, mut stream: TcpStream) {
+    pub async fn serve(self, mut stream: ClientStream) {
         loop {
             let msg = match read_message(&mut stream, 64 * 1024).await {
                 Ok(Some(m)) => m,

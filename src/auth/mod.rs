@@ -1,13 +1,25 @@
-//! Client authentication: the methods of `auth.method` against the
-//! credentials usher knows, and the record of every attempt.
+//! Client authentication: the methods of `auth.method` (or of the HBA rule
+//! that matched) against the credentials usher knows, and the record of
+//! every attempt.
 //!
 //! Unknown users go through the same exchange as known ones and get the same
 //! error (28P01), so a client cannot tell which roles exist.
+//!
+//! - [`credentials`]: where secrets come from (config, `auth.file`, `auth.query`).
+//! - [`hba`]: the rules that pick the method or refuse the connection.
+//! - [`cert`]: the user name in a client certificate.
+//! - [`secret`], [`attempt`]: stored secrets; the record of an outcome.
 
 pub mod attempt;
+pub mod cert;
+pub mod credentials;
+pub mod hba;
+pub mod query;
 pub mod secret;
+pub mod userlist;
 
 pub use attempt::{AuthAttempt, AuthOutcome};
+pub use credentials::{Credentials, UserLookup};
 pub use secret::Secret;
 
 use crate::config::AuthMethod;
@@ -17,6 +29,7 @@ use crate::protocol::scram::{ScramError, ScramServer, ScramVerifier};
 use crate::protocol::PgError;
 use bytes::BytesMut;
 use rand::RngCore;
+use rustls_pki_types::CertificateDer;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 /// A failed authentication: what to tell the client and what to record.
@@ -37,10 +50,36 @@ impl AuthFailure {
 }
 
 /// What a successful authentication proved.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Authenticated {
     /// The SCRAM ClientKey the client proved it holds (for pass-through).
     pub scram_client_key: Option<[u8; 32]>,
+}
+
+impl std::fmt::Debug for Authenticated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Authenticated")
+            .field("scram_client_key", &self.scram_client_key.map(|_| ".."))
+            .finish()
+    }
+}
+
+/// One authentication to run: the method, who the client says it is, and
+/// what usher knows of that user.
+#[derive(Debug, Clone, Copy)]
+pub struct Challenge<'a> {
+    pub method: AuthMethod,
+    pub user: &'a str,
+    /// Whether usher knows the user (config, auth file or auth query).
+    pub known: bool,
+    /// `None` for unknown users and for users without a password (who may
+    /// only use `trust` or `cert`).
+    pub secret: Option<&'a Secret>,
+    /// The certificate the client presented over TLS, already verified
+    /// against `tls.ca`.
+    pub certificate: Option<&'a CertificateDer<'static>>,
+    /// Salts the fake SCRAM exchange that hides whether a user exists.
+    pub mock_key: &'a [u8],
 }
 
 fn password_failed(user: &str, outcome: AuthOutcome) -> AuthFailure {
@@ -53,21 +92,22 @@ fn password_failed(user: &str, outcome: AuthOutcome) -> AuthFailure {
     )
 }
 
-/// Runs `method` for `user` over `stream`. `known` says whether usher knows
-/// the user; `secret` is `None` for unknown users and for users without a
-/// password (who may only use `trust`). `mock_key` salts the fake SCRAM
-/// exchange that hides whether a user exists.
+/// Runs the challenge's method over `stream`.
 pub async fn authenticate<S>(
     stream: &mut S,
-    method: AuthMethod,
-    user: &str,
-    known: bool,
-    secret: Option<&Secret>,
-    mock_key: &[u8],
+    challenge: &Challenge<'_>,
 ) -> Result<Authenticated, AuthFailure>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
+    let Challenge {
+        method,
+        user,
+        known,
+        secret,
+        certificate,
+        mock_key,
+    } = *challenge;
     let unknown = || {
         let outcome = if known {
             AuthOutcome::WrongPassword
@@ -88,10 +128,19 @@ where
             let given = given.strip_suffix('\0').unwrap_or(&given);
             match secret {
                 None => Err(unknown()),
+                // One PBKDF2 run both checks the password and yields the
+                // ClientKey for SCRAM pass-through.
+                Some(s @ Secret::Scram(_)) => match s.scram_client_key(given) {
+                    Some(key) => Ok(Authenticated {
+                        scram_client_key: Some(key),
+                    }),
+                    None => Err(wrong()),
+                },
                 Some(s) if s.check_cleartext(user, given) => Ok(Authenticated::default()),
                 Some(_) => Err(wrong()),
             }
         }
+        AuthMethod::Cert => check_certificate(user, known, certificate),
         // As in PostgreSQL: md5 with a SCRAM-only secret is done with SCRAM.
         AuthMethod::Md5 if secret.is_none_or(|s| s.md5_hash(user).is_some()) => {
             let mut salt = [0u8; 4];
@@ -122,6 +171,39 @@ where
             }
         }
     }
+}
+
+/// `cert`: the verified certificate's CN must be the user name. As in
+/// PostgreSQL, failures are 28000, not 28P01.
+fn check_certificate(
+    user: &str,
+    known: bool,
+    certificate: Option<&CertificateDer<'static>>,
+) -> Result<Authenticated, AuthFailure> {
+    let Some(certificate) = certificate else {
+        return Err(AuthFailure::new(
+            AuthOutcome::TlsRequired,
+            PgError::fatal(
+                sqlstate::INVALID_AUTHORIZATION,
+                "connection requires a valid client certificate",
+            ),
+        ));
+    };
+    let matches = cert::common_name(certificate).is_some_and(|cn| cn == user);
+    if matches && known {
+        return Ok(Authenticated::default());
+    }
+    let outcome = match (matches, known) {
+        (true, false) => AuthOutcome::UnknownUser,
+        _ => AuthOutcome::WrongPassword,
+    };
+    Err(AuthFailure::new(
+        outcome,
+        PgError::fatal(
+            sqlstate::INVALID_AUTHORIZATION,
+            format!("certificate authentication failed for user \"{user}\""),
+        ),
+    ))
 }
 
 enum ScramFailure {

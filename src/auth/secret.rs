@@ -83,7 +83,16 @@ impl Secret {
                 h.as_bytes(),
                 postgres_protocol::password::md5(given.as_bytes(), user).as_bytes(),
             ),
-            Secret::Scram(v) => scram_matches(v, given),
+            Secret::Scram(v) => scram_client_key(v, given).is_some(),
+        }
+    }
+
+    /// The SCRAM ClientKey for a cleartext password that matches a SCRAM
+    /// verifier: what SCRAM pass-through needs to log in to the server.
+    pub fn scram_client_key(&self, given: &str) -> Option<[u8; 32]> {
+        match self {
+            Secret::Scram(v) => scram_client_key(v, given),
+            _ => None,
         }
     }
 
@@ -106,8 +115,9 @@ pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// Checks a cleartext password against a SCRAM verifier by recomputing the
-/// stored key with the verifier's salt and iteration count.
-fn scram_matches(v: &ScramVerifier, password: &str) -> bool {
+/// stored key with the verifier's salt and iteration count; on a match,
+/// returns the ClientKey.
+fn scram_client_key(v: &ScramVerifier, password: &str) -> Option<[u8; 32]> {
     use hmac::{Hmac, Mac};
     use sha2::Sha256;
     let prepped = stringprep_or_raw(password);
@@ -115,9 +125,9 @@ fn scram_matches(v: &ScramVerifier, password: &str) -> bool {
     pbkdf2::pbkdf2_hmac::<Sha256>(prepped.as_bytes(), &v.salt, v.iterations, &mut salted);
     let mut mac = Hmac::<Sha256>::new_from_slice(&salted).expect("any key length");
     mac.update(b"Client Key");
-    let client_key = mac.finalize().into_bytes();
+    let client_key: [u8; 32] = mac.finalize().into_bytes().into();
     let stored: [u8; 32] = sha2::Sha256::digest(client_key).into();
-    ct_eq(&stored, &v.stored_key)
+    ct_eq(&stored, &v.stored_key).then_some(client_key)
 }
 
 /// PostgreSQL applies SASLprep and falls back to the raw password when the
@@ -161,6 +171,26 @@ mod tests {
         assert!(s.check_md5_response("bob", salt, &response));
         assert!(!s.check_md5_response("bob", [0, 0, 0, 0], &response));
         assert!(!s.check_md5_response("eve", salt, &response));
+    }
+
+    #[test]
+    fn a_matching_cleartext_password_yields_the_scram_client_key() {
+        let s = Secret::parse(&postgres_protocol::password::scram_sha_256(b"pw"));
+        let key = s.scram_client_key("pw").expect("matches");
+        let v = s.scram().unwrap();
+        let stored: [u8; 32] = sha2::Sha256::digest(key).into();
+        assert_eq!(stored, v.stored_key);
+        assert_eq!(s.scram_client_key("pW"), None);
+        assert_eq!(Secret::parse("pw").scram_client_key("pw"), None);
+    }
+
+    #[test]
+    fn ct_eq_compares_whole_strings() {
+        assert!(ct_eq(b"abc", b"abc"));
+        assert!(!ct_eq(b"abc", b"abd"));
+        assert!(!ct_eq(b"abc", b"ab"));
+        assert!(!ct_eq(b"", b"a"));
+        assert!(ct_eq(b"", b""));
     }
 
     #[test]

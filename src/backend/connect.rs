@@ -1,16 +1,19 @@
 //! Opening a server connection and logging in to PostgreSQL.
 
-use super::{error_from_fields, lost, read_backend_message, CancelTarget, ServerConn};
+use super::credential::{ServerCredential, SharedCredential};
+use super::{error_from_fields, lost, read_backend_message, stream, CancelTarget, ServerConn};
 use crate::protocol::error::sqlstate;
+use crate::protocol::scram_client::ScramClient;
 use crate::protocol::PgError;
+use crate::tls::ServerTls;
 use bytes::BytesMut;
+use md5::{Digest, Md5};
 use postgres_protocol::authentication::sasl::{self, ChannelBinding, ScramSha256};
 use postgres_protocol::message::backend::Message;
 use postgres_protocol::message::frontend;
 use std::collections::HashMap;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 
 /// Everything needed to open a server connection for one pool.
 #[derive(Clone)]
@@ -19,8 +22,24 @@ pub struct ServerTarget {
     pub port: u16,
     pub dbname: String,
     pub user: String,
-    /// Plaintext password for md5 / SCRAM / cleartext login to the server.
-    pub password: Option<String>,
+    pub tls: ServerTls,
+    /// How to answer the server's authentication request.
+    pub credential: SharedCredential,
+}
+
+/// A SCRAM exchange with the server: from a password, or from keys.
+enum Scram {
+    Password(ScramSha256),
+    Keys(ScramClient),
+}
+
+impl Scram {
+    fn message(&self) -> &[u8] {
+        match self {
+            Scram::Password(s) => s.message(),
+            Scram::Keys(s) => s.message(),
+        }
+    }
 }
 
 impl std::fmt::Debug for ServerTarget {
@@ -30,6 +49,7 @@ impl std::fmt::Debug for ServerTarget {
             .field("port", &self.port)
             .field("dbname", &self.dbname)
             .field("user", &self.user)
+            .field("tls", &self.tls.mode)
             .finish_non_exhaustive()
     }
 }
@@ -51,18 +71,7 @@ pub async fn connect(target: &ServerTarget, timeout: Duration) -> Result<ServerC
 }
 
 async fn connect_inner(target: &ServerTarget) -> Result<ServerConn, PgError> {
-    let mut stream = TcpStream::connect((target.host.as_str(), target.port))
-        .await
-        .map_err(|e| {
-            PgError::fatal(
-                sqlstate::CONNECTION_FAILURE,
-                format!(
-                    "could not connect to server {}:{}: {e}",
-                    target.host, target.port
-                ),
-            )
-        })?;
-    let _ = stream.set_nodelay(true);
+    let mut stream = stream::open(&target.host, target.port, &target.tls).await?;
     let mut out = BytesMut::new();
     frontend::startup_message(
         [
@@ -74,34 +83,47 @@ async fn connect_inner(target: &ServerTarget) -> Result<ServerConn, PgError> {
     .map_err(internal)?;
     stream.write_all(&out).await.map_err(lost)?;
 
+    let credential = target.credential.get();
     let mut buf = BytesMut::with_capacity(1024);
-    let mut scram: Option<ScramSha256> = None;
+    let mut scram: Option<Scram> = None;
     let mut params = HashMap::new();
     let mut key = None;
-    let password = || {
-        target.password.as_deref().ok_or_else(|| {
-            PgError::fatal(
-                sqlstate::INVALID_PASSWORD,
-                format!(
-                    "server asked for a password for user \"{}\" and usher has none",
-                    target.user
-                ),
-            )
-        })
+    let cannot = |asked: &str| {
+        let has = match &credential {
+            ServerCredential::None => "none",
+            ServerCredential::Password(_) => "a password",
+            ServerCredential::Md5(_) => "only an md5 hash",
+            ServerCredential::Scram(_) => "only SCRAM keys",
+        };
+        PgError::fatal(
+            sqlstate::INVALID_PASSWORD,
+            format!(
+                "server asked for {asked} for user \"{}\" and usher has {has}",
+                target.user
+            ),
+        )
     };
     loop {
         out.clear();
         match read_backend_message(&mut stream, &mut buf).await? {
             Message::AuthenticationOk => {}
             Message::AuthenticationCleartextPassword => {
-                frontend::password_message(password()?.as_bytes(), &mut out).map_err(internal)?;
+                let ServerCredential::Password(p) = &credential else {
+                    return Err(cannot("a password"));
+                };
+                frontend::password_message(p.as_bytes(), &mut out).map_err(internal)?;
             }
             Message::AuthenticationMd5Password(body) => {
-                let hash = postgres_protocol::authentication::md5_hash(
-                    target.user.as_bytes(),
-                    password()?.as_bytes(),
-                    body.salt(),
-                );
+                let hash = match &credential {
+                    ServerCredential::Password(p) => postgres_protocol::authentication::md5_hash(
+                        target.user.as_bytes(),
+                        p.as_bytes(),
+                        body.salt(),
+                    ),
+                    // The stored hash is all an md5 challenge needs.
+                    ServerCredential::Md5(h) => md5_response(h, body.salt()),
+                    _ => return Err(cannot("an md5 password")),
+                };
                 frontend::password_message(hash.as_bytes(), &mut out).map_err(internal)?;
             }
             Message::AuthenticationSasl(body) => {
@@ -116,26 +138,40 @@ async fn connect_inner(target: &ServerTarget) -> Result<ServerConn, PgError> {
                         "server offers no SASL mechanism usher supports",
                     ));
                 }
-                let s = ScramSha256::new(password()?.as_bytes(), ChannelBinding::unsupported());
+                let s = match &credential {
+                    ServerCredential::Password(p) => Scram::Password(ScramSha256::new(
+                        p.as_bytes(),
+                        ChannelBinding::unsupported(),
+                    )),
+                    ServerCredential::Scram(keys) => Scram::Keys(ScramClient::new(keys.clone())),
+                    _ => return Err(cannot("a SCRAM password")),
+                };
                 frontend::sasl_initial_response(sasl::SCRAM_SHA_256, s.message(), &mut out)
                     .map_err(internal)?;
                 scram = Some(s);
             }
             Message::AuthenticationSaslContinue(body) => {
-                let s = scram
-                    .as_mut()
-                    .ok_or_else(|| protocol("unexpected SASL continue"))?;
-                s.update(body.data())
-                    .map_err(|e| protocol(&e.to_string()))?;
+                match scram.as_mut() {
+                    Some(Scram::Password(s)) => s
+                        .update(body.data())
+                        .map_err(|e| protocol(&e.to_string()))?,
+                    Some(Scram::Keys(s)) => s
+                        .update(body.data())
+                        .map_err(|e| scram_failed(target, &e.to_string()))?,
+                    None => return Err(protocol("unexpected SASL continue")),
+                }
+                let s = scram.as_ref().expect("set above");
                 frontend::sasl_response(s.message(), &mut out).map_err(internal)?;
             }
-            Message::AuthenticationSaslFinal(body) => {
-                let s = scram
-                    .as_mut()
-                    .ok_or_else(|| protocol("unexpected SASL final"))?;
-                s.finish(body.data())
-                    .map_err(|e| protocol(&format!("server's SCRAM signature is wrong: {e}")))?;
-            }
+            Message::AuthenticationSaslFinal(body) => match scram.take() {
+                Some(Scram::Password(mut s)) => s
+                    .finish(body.data())
+                    .map_err(|e| protocol(&format!("server's SCRAM signature is wrong: {e}")))?,
+                Some(Scram::Keys(s)) => s
+                    .finish(body.data())
+                    .map_err(|e| scram_failed(target, &e.to_string()))?,
+                None => return Err(protocol("unexpected SASL final")),
+            },
             Message::ParameterStatus(body) => {
                 if let (Ok(n), Ok(v)) = (body.name(), body.value()) {
                     params.insert(n.to_string(), v.to_string());
@@ -165,6 +201,24 @@ async fn connect_inner(target: &ServerTarget) -> Result<ServerConn, PgError> {
         secret,
     };
     Ok(ServerConn::new(stream, cancel, params))
+}
+
+/// The answer to an md5 challenge from the stored `md5...` hash.
+fn md5_response(stored: &str, salt: [u8; 4]) -> String {
+    let mut md5 = Md5::new();
+    md5.update(stored.as_bytes().get(3..).unwrap_or_default());
+    md5.update(salt);
+    format!("md5{:x}", md5.finalize())
+}
+
+fn scram_failed(target: &ServerTarget, why: &str) -> PgError {
+    PgError::fatal(
+        sqlstate::INVALID_PASSWORD,
+        format!(
+            "SCRAM pass-through for user \"{}\" failed: {why}",
+            target.user
+        ),
+    )
 }
 
 fn internal(e: std::io::Error) -> PgError {

@@ -3,10 +3,17 @@
 //!
 //! A [`ServerConn`] knows nothing of clients; the frontend forwards bytes
 //! over its stream and tells it what it saw (ParameterStatus, ReadyForQuery).
+//!
+//! - [`stream`]: TCP or TLS to the server (`databases.<name>.tls`).
+//! - [`credential`]: what usher logs in with (password, md5, SCRAM keys).
 
 mod connect;
+pub mod credential;
+pub mod stream;
 
 pub use connect::{connect, ServerTarget};
+pub use credential::{ServerCredential, SharedCredential};
+pub use stream::ServerStream;
 
 use crate::protocol::error::sqlstate;
 use crate::protocol::PgError;
@@ -49,7 +56,7 @@ impl CancelTarget {
 /// One logged-in connection to PostgreSQL.
 #[derive(Debug)]
 pub struct ServerConn {
-    pub stream: TcpStream,
+    pub stream: ServerStream,
     /// usher's own id for this connection (for logs and the console).
     pub id: u64,
     pub cancel: CancelTarget,
@@ -68,7 +75,7 @@ pub struct ServerConn {
 
 impl ServerConn {
     pub(crate) fn new(
-        stream: TcpStream,
+        stream: ServerStream,
         cancel: CancelTarget,
         params: HashMap<String, String>,
     ) -> Self {
@@ -93,11 +100,7 @@ impl ServerConn {
     /// True if the server has not closed the connection or sent anything
     /// unasked while it sat idle (e.g. a FATAL on termination). Never blocks.
     pub fn looks_alive(&self) -> bool {
-        let mut probe = [0u8; 1];
-        match self.stream.try_read(&mut probe) {
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => true,
-            _ => false, // EOF, unexpected data, or an error
-        }
+        self.stream.looks_alive()
     }
 
     /// Runs `sql` with the simple protocol and waits for ReadyForQuery.
@@ -133,7 +136,7 @@ impl ServerConn {
 
 /// Reads one backend message into `buf` and parses it.
 pub(crate) async fn read_backend_message(
-    stream: &mut TcpStream,
+    stream: &mut ServerStream,
     buf: &mut BytesMut,
 ) -> Result<Message, PgError> {
     loop {

@@ -2,7 +2,12 @@
 //!
 //! The file is read with serde; `serde_path_to_error` names the key that was
 //! wrong, so every error says the file, the key and what was expected.
-//! Unknown keys are errors (`deny_unknown_fields` everywhere).
+//! Unknown keys are errors (`deny_unknown_fields` everywhere). The keys of
+//! TLS, credential sources and HBA rules live in [`security`].
+
+pub mod security;
+
+pub use security::{HbaMethod, HbaRuleConfig, HbaType, ServerTlsMode, TlsConfig, TlsMode};
 
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -41,6 +46,9 @@ pub enum AuthMethod {
     Md5,
     #[serde(rename = "scram-sha-256")]
     ScramSha256,
+    /// A TLS client certificate whose CN is the user name.
+    #[serde(rename = "cert")]
+    Cert,
 }
 
 impl fmt::Display for AuthMethod {
@@ -50,6 +58,7 @@ impl fmt::Display for AuthMethod {
             AuthMethod::Password => "password",
             AuthMethod::Md5 => "md5",
             AuthMethod::ScramSha256 => "scram-sha-256",
+            AuthMethod::Cert => "cert",
         })
     }
 }
@@ -105,12 +114,19 @@ pub struct Config {
     /// Seconds a client has to send its startup packet and authenticate.
     #[serde(default = "defaults::auth_timeout")]
     pub auth_timeout: f64,
+    /// Clients that may be in the startup phase (before authentication
+    /// completes) at once; more are refused with 53300.
+    #[serde(default = "defaults::max_auth_clients")]
+    pub max_auth_clients: usize,
     /// Seconds running transactions get to finish on SIGTERM/SIGINT.
     #[serde(default = "defaults::shutdown_timeout")]
     pub shutdown_timeout: f64,
     /// Largest protocol message accepted from a client, in bytes.
     #[serde(default = "defaults::max_message_size")]
     pub max_message_size: usize,
+    /// Client-facing TLS; off when the section is absent.
+    #[serde(default)]
+    pub tls: TlsConfig,
     #[serde(default)]
     pub auth: AuthConfig,
     #[serde(default)]
@@ -121,6 +137,9 @@ pub struct Config {
     pub admin: AdminConfig,
     #[serde(default)]
     pub log: LogConfig,
+    /// The file the configuration was read from (for error messages).
+    #[serde(skip)]
+    pub source: String,
     #[serde(default)]
     pub hooks: HooksConfig,
 }
@@ -189,15 +208,48 @@ pub struct HookQueryConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AuthConfig {
+    /// The method for every client, unless HBA rules choose one.
     #[serde(default = "defaults::auth_method")]
     pub method: AuthMethod,
+    /// A PgBouncer-style userlist.txt: `"user" "password or verifier"` lines.
+    pub file: Option<std::path::PathBuf>,
+    /// A user listed under `users` whose password usher uses to run `query`.
+    pub user: Option<String>,
+    /// Looks up users usher does not know; `$1` is the user name, the result
+    /// is (name, secret). Defaults to a pg_shadow lookup when `user` is set.
+    pub query: Option<String>,
+    /// The database (a key of `databases`) `query` runs in; default: the one
+    /// the client asks for.
+    pub dbname: Option<String>,
+    /// Seconds an auth query result (found or not) is kept; 0 keeps none.
+    #[serde(default = "defaults::auth_cache_ttl")]
+    pub cache_ttl: f64,
+    /// Ordered HBA rules; the first that matches decides the method.
+    pub hba: Option<Vec<HbaRuleConfig>>,
+    /// The same rules in pg_hba.conf format.
+    pub hba_file: Option<std::path::PathBuf>,
 }
 
 impl Default for AuthConfig {
     fn default() -> Self {
         AuthConfig {
             method: defaults::auth_method(),
+            file: None,
+            user: None,
+            query: None,
+            dbname: None,
+            cache_ttl: defaults::auth_cache_ttl(),
+            hba: None,
+            hba_file: None,
         }
+    }
+}
+
+impl AuthConfig {
+    /// The auth query, when `user` is set.
+    pub fn effective_query(&self) -> Option<&str> {
+        self.user.as_ref()?;
+        Some(self.query.as_deref().unwrap_or(defaults::AUTH_QUERY))
     }
 }
 
@@ -211,6 +263,11 @@ pub struct DatabaseConfig {
     pub port: u16,
     /// Name on the server; defaults to the key.
     pub dbname: Option<String>,
+    /// TLS to the server: disable | prefer | require | verify-full.
+    #[serde(default)]
+    pub tls: ServerTlsMode,
+    /// CA file (PEM) the server's certificate must chain to (verify-full).
+    pub tls_ca: Option<std::path::PathBuf>,
     pub pool_mode: Option<PoolMode>,
     pub pool_size: Option<usize>,
     pub min_pool_size: Option<usize>,
@@ -222,10 +279,13 @@ pub struct DatabaseConfig {
     pub server_connect_timeout: Option<f64>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+/// Debug never shows the password (see [`security::redacted_user`]).
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UserConfig {
-    /// Plaintext, an md5 hash (`md5...`) or a SCRAM-SHA-256 verifier.
+    /// Plaintext, an md5 hash (`md5...`) or a SCRAM-SHA-256 verifier. A
+    /// value of the wrong type is an error that does not quote it.
+    #[serde(default, deserialize_with = "security::secret_string")]
     pub password: Option<String>,
     pub pool_mode: Option<PoolMode>,
     pub pool_size: Option<usize>,
@@ -316,6 +376,13 @@ mod defaults {
     pub fn auth_method() -> AuthMethod {
         AuthMethod::ScramSha256
     }
+    pub fn max_auth_clients() -> usize {
+        1000
+    }
+    pub fn auth_cache_ttl() -> f64 {
+        10.0
+    }
+    pub const AUTH_QUERY: &str = "SELECT usename, passwd FROM pg_shadow WHERE usename = $1";
     pub fn host() -> String {
         "127.0.0.1".into()
     }
@@ -387,6 +454,8 @@ impl Config {
                 message: e.into_inner().to_string(),
             }
         })?;
+        let mut config = config;
+        config.source = file.to_string();
         config.validate(file)?;
         Ok(config)
     }
@@ -525,7 +594,7 @@ impl Config {
                 ));
             }
         }
-        Ok(())
+        security::validate(self, file)
     }
 
     /// The pool mode for a (database, user): user setting, then database, then global.

@@ -1,15 +1,25 @@
 //! The startup phase of a client: startup packet (and SSL/GSSENC/cancel
-//! requests), authentication, and the welcome (AuthenticationOk,
+//! requests, with the TLS handshake), the TLS requirement, HBA rules, the
+//! credential lookup, authentication, and the welcome (AuthenticationOk,
 //! ParameterStatus, BackendKeyData, ReadyForQuery).
+//!
+//! The whole phase runs under `auth_timeout` and holds one of the
+//! `max_auth_clients` login slots. Every outcome is recorded as an
+//! [`AuthAttempt`].
 
 use super::close_with_error;
 use super::params::SessionParams;
 use super::session::Session;
+use super::stream::ClientStream;
 use crate::app::App;
-use crate::auth::{self, AuthAttempt, AuthOutcome};
+use crate::auth::hba::{Connection, Decision};
+use crate::auth::{self, AuthAttempt, AuthOutcome, Authenticated, Challenge, Secret};
+use crate::backend::ServerCredential;
+use crate::config::{AuthMethod, TlsMode};
 use crate::hooks::{ClientInfo, ConnectionCtx, Event, Vars};
 use crate::protocol::error::sqlstate;
 use crate::protocol::messages;
+use crate::protocol::scram_client::ScramKeys;
 use crate::protocol::startup::{read_startup, StartupPacket};
 use crate::protocol::PgError;
 use bytes::BytesMut;
@@ -19,11 +29,57 @@ use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-/// What the login has learnt so far, for the attempt record if it times out.
-#[derive(Debug, Default)]
+/// What the login has learnt so far: what the attempt record says, however
+/// the login ends.
+#[derive(Debug)]
 struct Progress {
+    addr: SocketAddr,
     user: Option<String>,
     database: Option<String>,
+    user_exists: bool,
+    method: Option<AuthMethod>,
+    /// The outcome has been recorded (each login records one).
+    recorded: bool,
+}
+
+impl Progress {
+    fn new(addr: SocketAddr) -> Self {
+        Progress {
+            addr,
+            user: None,
+            database: None,
+            user_exists: false,
+            method: None,
+            recorded: false,
+        }
+    }
+
+    /// Records the outcome of this login, once.
+    async fn record(&mut self, app: &App, outcome: AuthOutcome) {
+        if std::mem::replace(&mut self.recorded, true) {
+            return;
+        }
+        app.record(AuthAttempt {
+            user: self.user.clone().unwrap_or_default(),
+            user_exists: self.user_exists,
+            database: self.database.clone().unwrap_or_default(),
+            client_addr: self.addr,
+            method: self.method.unwrap_or(app.config.auth.method).to_string(),
+            outcome,
+        })
+        .await;
+    }
+}
+
+/// Records a refusal and returns its error.
+async fn refuse<T>(
+    app: &App,
+    progress: &mut Progress,
+    outcome: AuthOutcome,
+    error: PgError,
+) -> Result<T, PgError> {
+    progress.record(app, outcome).await;
+    Err(error)
 }
 
 /// What a successful login leads to.
@@ -33,32 +89,42 @@ enum LoggedIn {
 }
 
 /// Runs one client connection from accept to close.
-pub async fn handle_client(app: Arc<App>, mut stream: TcpStream, addr: SocketAddr) {
-    let _ = stream.set_nodelay(true);
+pub async fn handle_client(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
+    let _ = tcp.set_nodelay(true);
+    let mut stream = ClientStream::Plain(tcp);
     let (_connected, count) = app.clients.connect();
-    let mut progress = Progress::default();
+    let mut progress = Progress::new(addr);
+    // Clients that have not finished logging in are bounded: each costs a
+    // task, buffers and maybe a TLS handshake, and silent ones hold theirs
+    // until auth_timeout.
+    let Ok(slot) = app.login_slots.clone().try_acquire_owned() else {
+        progress.record(&app, AuthOutcome::Refused).await;
+        let e = PgError::fatal(
+            sqlstate::TOO_MANY_CONNECTIONS,
+            format!(
+                "sorry, too many clients are logging in already (max_auth_clients is {})",
+                app.config.max_auth_clients
+            ),
+        );
+        close_with_error(&mut stream, &e).await;
+        return;
+    };
     let timeout = Duration::from_secs_f64(app.config.auth_timeout);
-    let result = tokio::time::timeout(
-        timeout,
-        login(&app, &mut stream, addr, count, &mut progress),
-    )
-    .await;
+    let result =
+        tokio::time::timeout(timeout, login(&app, &mut stream, count, &mut progress)).await;
+    drop(slot);
     match result {
         Ok(Ok(Some(LoggedIn::Session(session)))) => session.serve(stream).await,
         Ok(Ok(Some(LoggedIn::Admin(console)))) => console.serve(stream).await,
         Ok(Ok(None)) => {}
-        Ok(Err(e)) => close_with_error(&mut stream, &e).await,
+        Ok(Err(e)) => {
+            // Refusals were recorded with their own outcome; what is left
+            // is bad input (or a failure after a recorded success).
+            progress.record(&app, AuthOutcome::ProtocolError).await;
+            close_with_error(&mut stream, &e).await
+        }
         Err(_) => {
-            let user = progress.user.unwrap_or_default();
-            let attempt = AuthAttempt {
-                user_exists: app.user_exists(&user),
-                user,
-                database: progress.database.unwrap_or_default(),
-                client_addr: addr,
-                method: app.config.auth.method.to_string(),
-                outcome: AuthOutcome::Timeout,
-            };
-            report(&app, &attempt).await;
+            progress.record(&app, AuthOutcome::Timeout).await;
             let e = PgError::fatal(
                 sqlstate::PROTOCOL_VIOLATION,
                 "canceling authentication due to timeout",
@@ -73,31 +139,12 @@ pub async fn handle_client(app: Arc<App>, mut stream: TcpStream, addr: SocketAdd
 /// client left); `Err`: send this error and close.
 async fn login(
     app: &Arc<App>,
-    stream: &mut TcpStream,
-    addr: SocketAddr,
+    stream: &mut ClientStream,
     count: usize,
     progress: &mut Progress,
 ) -> Result<Option<LoggedIn>, PgError> {
-    let params = loop {
-        match read_startup(stream).await? {
-            None => return Ok(None),
-            Some(StartupPacket::SslRequest) | Some(StartupPacket::GssEncRequest) => {
-                // TLS is not offered (yet): 'N' tells the client to go on in plaintext.
-                stream
-                    .write_all(b"N")
-                    .await
-                    .map_err(|_| PgError::protocol("client went away"))?;
-            }
-            Some(StartupPacket::Cancel { pid, secret }) => {
-                if let Some(target) = app.clients.cancel_target(pid, secret) {
-                    if let Err(e) = target.send().await {
-                        tracing::warn!(error = %e, "could not forward cancel request");
-                    }
-                }
-                return Ok(None);
-            }
-            Some(StartupPacket::Startup(params)) => break params,
-        }
+    let Some(params) = startup(app, stream).await? else {
+        return Ok(None);
     };
     let user = StartupPacket::param(&params, "user")
         .unwrap_or_default()
@@ -108,71 +155,100 @@ async fn login(
         .to_string();
     progress.user = Some(user.clone());
     progress.database = Some(database.clone());
+    progress.user_exists = app.credentials.is_listed(&user);
 
     let config = &app.config;
-    let attempt = |outcome| AuthAttempt {
-        user: user.clone(),
-        user_exists: app.user_exists(&user),
-        database: database.clone(),
-        client_addr: addr,
-        method: config.auth.method.to_string(),
-        outcome,
-    };
+    let addr = progress.addr;
     if count > config.max_client_conn {
-        report(app, &attempt(AuthOutcome::Refused)).await;
-        return Err(PgError::fatal(
-            sqlstate::TOO_MANY_CONNECTIONS,
-            format!(
-                "sorry, too many clients already (max_client_conn is {})",
-                config.max_client_conn
+        return refuse(
+            app,
+            progress,
+            AuthOutcome::Refused,
+            PgError::fatal(
+                sqlstate::TOO_MANY_CONNECTIONS,
+                format!(
+                    "sorry, too many clients already (max_client_conn is {})",
+                    config.max_client_conn
+                ),
             ),
-        ));
+        )
+        .await;
     }
     if StartupPacket::param(&params, "replication")
         .is_some_and(|r| r != "false" && r != "0" && r != "off")
     {
-        report(app, &attempt(AuthOutcome::Refused)).await;
-        return Err(PgError::fatal(
-            sqlstate::FEATURE_NOT_SUPPORTED,
-            "usher does not support replication connections",
-        ));
+        return refuse(
+            app,
+            progress,
+            AuthOutcome::Refused,
+            PgError::fatal(
+                sqlstate::FEATURE_NOT_SUPPORTED,
+                "usher does not support replication connections",
+            ),
+        )
+        .await;
     }
+    let lookup = match app.credentials.lookup(&database, &user).await {
+        Ok(l) => l,
+        Err(e) => {
+            // The detail (which server, why) is for the operator, not the client.
+            tracing::warn!(user = %user, database = %database, error = %e, detail = e.detail.as_deref().unwrap_or(""), "credential lookup failed");
+            return refuse(
+                app,
+                progress,
+                AuthOutcome::Refused,
+                PgError::fatal(
+                    sqlstate::CONNECTION_FAILURE,
+                    "authentication is unavailable: usher could not look up the user",
+                ),
+            )
+            .await;
+        }
+    };
+    progress.user_exists = lookup.exists;
 
-    let secret = app.secrets.get(&user);
-    let known = app.user_exists(&user);
-    let authenticated = match auth::authenticate(
-        stream,
-        config.auth.method,
-        &user,
-        known,
-        secret,
-        &app.mock_key,
-    )
-    .await
-    {
+    let method = match choose_method(app, stream.is_tls(), addr, &user, &database).await {
+        Ok(method) => method,
+        Err((outcome, error)) => return refuse(app, progress, outcome, error).await,
+    };
+    progress.method = Some(method);
+
+    // Cloned: authentication borrows the stream while it reads the certificate.
+    let certificate = stream.peer_certificate().cloned();
+    let challenge = Challenge {
+        method,
+        user: &user,
+        known: lookup.exists,
+        secret: lookup.secret.as_ref(),
+        certificate: certificate.as_ref(),
+        mock_key: &app.mock_key,
+    };
+    let authenticated = match auth::authenticate(stream, &challenge).await {
         Ok(a) => a,
         Err(failure) => {
-            report(app, &attempt(failure.outcome)).await;
+            progress.record(app, failure.outcome).await;
             return Err(failure.error);
         }
     };
-    let _ = authenticated;
-    report(app, &attempt(AuthOutcome::Success)).await;
+    progress.record(app, AuthOutcome::Success).await;
 
     if crate::admin::is_admin_database(&database) {
         return crate::admin::Console::login(app.clone(), stream, &user)
             .await
             .map(|c| Some(LoggedIn::Admin(c)));
     }
+    let unknown_database = || {
+        PgError::fatal(
+            sqlstate::INVALID_CATALOG_NAME,
+            format!("database \"{database}\" does not exist"),
+        )
+    };
+    let server_tls = app.server_tls.get(&database).ok_or_else(unknown_database)?;
+    let credential = server_credential(lookup.secret.as_ref(), &authenticated);
     let pool = app
         .pools
-        .get_or_create(config, &database, &user, app.secrets.get(&user))
-        .ok_or_else(|| {
-            PgError::fatal(
-                sqlstate::INVALID_CATALOG_NAME,
-                format!("database \"{database}\" does not exist"),
-            )
-        })?;
+        .get_or_create(config, &database, &user, server_tls, credential)
+        .ok_or_else(unknown_database)?;
     let mut session_params = SessionParams::from_startup(&params)?;
     let registration = app.clients.register();
     let client = ClientInfo {
@@ -184,8 +260,8 @@ async fn login(
         database,
         startup: params,
         addr,
-        tls: None,
-        auth_method: config.auth.method.to_string(),
+        tls: stream.tls_info(),
+        auth_method: method.to_string(),
         pool_mode: pool.mode(),
     };
 
@@ -243,8 +319,129 @@ async fn login(
     )))))
 }
 
-/// Logs an authentication attempt and hands it to the auth_attempt hooks.
-async fn report(app: &App, attempt: &AuthAttempt) {
-    attempt.log();
-    app.hooks.auth_attempt(attempt).await;
+/// Picks the method for this connection, or refuses it: TLS when
+/// `tls.mode` is require, then the HBA rules (or `auth.method` without them).
+async fn choose_method(
+    app: &App,
+    tls: bool,
+    addr: SocketAddr,
+    user: &str,
+    database: &str,
+) -> Result<AuthMethod, (AuthOutcome, PgError)> {
+    let host = addr.ip();
+    if !tls && app.client_tls.as_ref().map(|t| t.mode) == Some(TlsMode::Require) {
+        let e = PgError::fatal(
+            sqlstate::INVALID_AUTHORIZATION,
+            format!(
+                "TLS is required: usher refuses unencrypted connections (host \"{host}\", user \"{user}\", database \"{database}\")"
+            ),
+        )
+        .with_hint("connect with sslmode=require (or verify-full)");
+        return Err((AuthOutcome::TlsRequired, e));
+    }
+    let Some(hba) = &app.hba else {
+        return Ok(app.config.auth.method);
+    };
+    let conn = Connection {
+        addr: host,
+        tls,
+        database,
+        user,
+    };
+    let credentials = &app.credentials;
+    let decision = hba
+        .decide(&conn, |role| async move {
+            credentials.is_member(database, user, &role).await
+        })
+        .await;
+    // PostgreSQL's wording, with "HBA" for "pg_hba.conf".
+    let encryption = if tls {
+        "SSL encryption"
+    } else {
+        "no encryption"
+    };
+    let described =
+        format!("host \"{host}\", user \"{user}\", database \"{database}\", {encryption}");
+    let refused = |message: String| {
+        Err((
+            AuthOutcome::HbaReject,
+            PgError::fatal(sqlstate::INVALID_AUTHORIZATION, message),
+        ))
+    };
+    match decision {
+        Decision::Method { method, rule } => {
+            tracing::debug!(user, database, rule = %rule, method = %method, "HBA rule matched");
+            Ok(method)
+        }
+        Decision::Reject { rule } => {
+            tracing::debug!(user, database, rule = %rule, "HBA rule rejects");
+            refused(format!("HBA rejects connection for {described}"))
+        }
+        Decision::NoMatch => refused(format!("no HBA entry for {described}")),
+    }
+}
+
+/// Reads startup-phase packets until the startup message, answering
+/// SSLRequest (with the TLS handshake when TLS is on) and GSSENCRequest,
+/// and forwarding a cancel request. `None`: nothing more to do.
+async fn startup(
+    app: &App,
+    stream: &mut ClientStream,
+) -> Result<Option<Vec<(String, String)>>, PgError> {
+    let gone = |_| PgError::protocol("client went away");
+    loop {
+        match read_startup(stream).await? {
+            None => return Ok(None),
+            Some(StartupPacket::SslRequest) if stream.is_tls() => {
+                return Err(PgError::protocol(
+                    "unexpected SSLRequest: the connection is already encrypted",
+                ));
+            }
+            Some(StartupPacket::SslRequest) => match &app.client_tls {
+                Some(tls) => {
+                    stream.write_all(b"S").await.map_err(gone)?;
+                    // read_startup reads exactly one packet, so nothing the
+                    // client sent in plaintext after SSLRequest is taken
+                    // as if it came over TLS: it is the TLS handshake.
+                    if let Err(e) = stream.start_tls(&tls.acceptor).await {
+                        // Recorded as a protocol error; the client cannot
+                        // read an ErrorResponse without TLS.
+                        tracing::info!(error = %e, "TLS handshake with a client failed");
+                        return Err(PgError::protocol(format!("TLS handshake failed: {e}")));
+                    }
+                }
+                // 'N' tells the client to go on in plaintext (or give up).
+                None => stream.write_all(b"N").await.map_err(gone)?,
+            },
+            Some(StartupPacket::GssEncRequest) => stream.write_all(b"N").await.map_err(gone)?,
+            Some(StartupPacket::Cancel { pid, secret }) => {
+                // Allowed in plaintext even when TLS is required: libpq
+                // before PostgreSQL 17 always sends cancels unencrypted.
+                if let Some(target) = app.clients.cancel_target(pid, secret) {
+                    if let Err(e) = target.send().await {
+                        tracing::warn!(error = %e, "could not forward cancel request");
+                    }
+                }
+                return Ok(None);
+            }
+            Some(StartupPacket::Startup(params)) => return Ok(Some(params)),
+        }
+    }
+}
+
+/// What usher logs in to the server with for this user: the plaintext or
+/// md5 hash it holds, or the SCRAM keys this login yielded (pass-through).
+fn server_credential(secret: Option<&Secret>, authenticated: &Authenticated) -> ServerCredential {
+    match secret {
+        Some(Secret::Plain { password, .. }) => ServerCredential::Password(password.clone()),
+        Some(Secret::Md5(hash)) => ServerCredential::Md5(hash.clone()),
+        Some(Secret::Scram(verifier)) => match authenticated.scram_client_key {
+            Some(client_key) => ServerCredential::Scram(ScramKeys {
+                client_key,
+                verifier: verifier.clone(),
+            }),
+            None => ServerCredential::None,
+        },
+        None => ServerCredential::None,
+    }
 }

@@ -5,12 +5,14 @@
 //!   pool and forwards bytes both ways.
 //! - [`params`]: the session's parameters, carried to every server connection.
 //! - [`registry`]: connected clients by BackendKeyData, for cancel requests.
+//! - [`stream`]: the client's connection, plain or TLS.
 
 pub mod login;
 pub mod params;
 pub mod prepared;
 pub mod registry;
 pub mod session;
+pub mod stream;
 
 use crate::protocol::PgError;
 use bytes::BytesMut;

@@ -16,6 +16,7 @@ use super::close_with_error;
 use super::params::SessionParams;
 use super::prepared::{self, Answer, ClientStatements, ResponsePlan, Rewriter};
 use super::registry::{ClientHandle, Registration};
+use super::stream::ClientStream;
 use crate::app::App;
 use crate::config::PoolMode;
 use crate::hooks::{ClientInfo, Event, ServerInfo, SessionCtx, SessionEndCtx, SessionReason, Vars};
@@ -29,7 +30,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 /// Read buffers grow from this size; they are freed while the client is idle.
 const BUFFER_SIZE: usize = 16 * 1024;
@@ -146,7 +146,7 @@ impl Session {
     }
 
     /// Serves the client until it leaves, an error ends it, or shutdown.
-    pub async fn serve(mut self, mut client: TcpStream) {
+    pub async fn serve(mut self, mut client: ClientStream) {
         let max_message = self.app.config.max_message_size;
         let mut link = Link {
             held: None,
@@ -208,7 +208,7 @@ impl Session {
         );
     }
 
-    async fn serve_loop(&mut self, client: &mut TcpStream, link: &mut Link) -> End {
+    async fn serve_loop(&mut self, client: &mut ClientStream, link: &mut Link) -> End {
         let mut shutdown = self.app.shutting_down();
         let pool = self.pool.clone();
         let limits = &pool.settings;
@@ -292,7 +292,7 @@ impl Session {
     /// Returns the statements hooks asked to run (session mode).
     async fn start_session(
         &mut self,
-        client: &mut TcpStream,
+        client: &mut ClientStream,
         reason: SessionReason,
         server: Option<ServerInfo>,
     ) -> Result<Vec<String>, PgError> {
@@ -339,7 +339,7 @@ impl Session {
     /// to the server connection it holds.
     async fn restart_session(
         &mut self,
-        client: &mut TcpStream,
+        client: &mut ClientStream,
         link: &mut Link,
     ) -> Result<(), PgError> {
         self.params.reset();
@@ -358,7 +358,7 @@ impl Session {
     /// statement is a WARNING for the client.
     async fn apply_session(
         &mut self,
-        client: &mut TcpStream,
+        client: &mut ClientStream,
         checkout: &mut Checkout,
         exec: Vec<String>,
     ) -> Result<(), PgError> {
@@ -392,7 +392,7 @@ impl Session {
     /// if none is held.
     async fn forward_client_data(
         &mut self,
-        client: &mut TcpStream,
+        client: &mut ClientStream,
         link: &mut Link,
     ) -> Result<(), End> {
         let rewriting = self.rewriting;
@@ -472,7 +472,7 @@ impl Session {
     /// the server connection when the transaction is over (transaction mode).
     async fn forward_server_data(
         &mut self,
-        client: &mut TcpStream,
+        client: &mut ClientStream,
         link: &mut Link,
     ) -> Result<(), End> {
         let mode = self.pool.mode();
@@ -574,7 +574,7 @@ impl Session {
 
     /// Transaction mode: the transaction is over; the server connection goes
     /// back to the pool.
-    async fn end_transaction(&mut self, client: &mut TcpStream, link: &mut Link) {
+    async fn end_transaction(&mut self, client: &mut ClientStream, link: &mut Link) {
         let checkout = link.held.take().expect("a server connection is held");
         self.handle.set_server(None);
         if link.out_buf.is_empty() {
@@ -591,7 +591,7 @@ impl Session {
 
     /// Borrows a server connection and brings it in line with the session:
     /// parameters, and the bound on prepared statements it keeps.
-    async fn begin_transaction(&mut self, client: &mut TcpStream) -> Result<Checkout, PgError> {
+    async fn begin_transaction(&mut self, client: &mut ClientStream) -> Result<Checkout, PgError> {
         let mut checkout = self.pool.checkout().await?;
         if !self.session_started {
             // Session mode: the session begins with its server connection.
@@ -646,7 +646,7 @@ impl Session {
 
 /// Tells the client about parameters whose value changed under it.
 async fn report_parameters(
-    client: &mut TcpStream,
+    client: &mut ClientStream,
     changed: Vec<(String, String)>,
 ) -> Result<(), PgError> {
     if changed.is_empty() {

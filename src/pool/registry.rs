@@ -1,8 +1,7 @@
 //! The set of pools, created on first use from the configuration.
 
 use super::Pool;
-use crate::auth::Secret;
-use crate::backend::ServerTarget;
+use crate::backend::{ServerCredential, ServerTarget, SharedCredential};
 use crate::config::Config;
 use dashmap::DashMap;
 use std::sync::Arc;
@@ -19,16 +18,21 @@ impl Pools {
     }
 
     /// The pool for (database, user); created if it does not exist yet.
-    /// `None` if the database is not configured.
+    /// `None` if the database is not configured. `credential` is what the
+    /// client's login gave usher to log in to the server with; it replaces an
+    /// existing pool's when it differs (e.g. new SCRAM keys after a password
+    /// change on the server).
     pub fn get_or_create(
         &self,
         config: &Config,
         database: &str,
         user: &str,
-        secret: Option<&Secret>,
+        tls: &crate::tls::ServerTls,
+        credential: ServerCredential,
     ) -> Option<Arc<Pool>> {
         let key = (database.to_string(), user.to_string());
         if let Some(p) = self.map.get(&key) {
+            p.target.credential.offer(credential);
             return Some(p.clone());
         }
         let db = config.databases.get(database)?;
@@ -37,7 +41,8 @@ impl Pools {
             port: db.port,
             dbname: db.server_dbname(database).to_string(),
             user: user.to_string(),
-            password: secret.and_then(|s| s.plaintext()).map(str::to_string),
+            tls: tls.clone(),
+            credential: SharedCredential::new(credential),
         };
         let settings = config.limits_for(database, user);
         let pool = self

@@ -7,11 +7,13 @@
 //!   without buffering large messages whole.
 //! - [`error`]: PostgreSQL-style errors with SQLSTATEs.
 //! - [`scram`]: the server side of SCRAM-SHA-256.
+//! - [`scram_client`]: the client side from keys (SCRAM pass-through).
 
 pub mod error;
 pub mod frames;
 pub mod messages;
 pub mod scram;
+pub mod scram_client;
 pub mod startup;
 
 pub use error::{PgError, Severity};

@@ -1,6 +1,7 @@
 //! The server side of SCRAM-SHA-256 (RFC 5802, RFC 7677) as PostgreSQL
 //! speaks it: no channel binding offered, the user name taken from the
-//! startup packet. The client side is postgres-protocol's.
+//! startup packet. The client side is postgres-protocol's (with a password)
+//! and [`super::scram_client`]'s (with keys, for pass-through).
 
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
@@ -12,14 +13,25 @@ use subtle::ConstantTimeEq;
 type HmacSha256 = Hmac<Sha256>;
 
 /// What PostgreSQL stores for a SCRAM password:
-/// `SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey>`.
-#[derive(Clone, PartialEq, Eq)]
+/// `SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey>`. Equality
+/// compares the keys in constant time.
+#[derive(Clone)]
 pub struct ScramVerifier {
     pub iterations: u32,
     pub salt: Vec<u8>,
     pub stored_key: [u8; 32],
     pub server_key: [u8; 32],
 }
+
+impl PartialEq for ScramVerifier {
+    fn eq(&self, other: &Self) -> bool {
+        let keys =
+            self.stored_key.ct_eq(&other.stored_key) & self.server_key.ct_eq(&other.server_key);
+        bool::from(keys) && self.iterations == other.iterations && self.salt == other.salt
+    }
+}
+
+impl Eq for ScramVerifier {}
 
 impl std::fmt::Debug for ScramVerifier {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -2,6 +2,10 @@
 //! `postgres` OS user when the tests run as root) and usher in front of it.
 #![allow(dead_code)]
 
+pub mod attempts;
+pub mod tls;
+pub mod wire;
+
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};

@@ -1,0 +1,291 @@
+//! `auth.user` + `auth.query`: asking PostgreSQL for the secret of a user
+//! usher does not list, over a tokio-postgres connection logged in as
+//! `auth.user` (one per database, opened on first use, reopened when lost).
+//! Answers, found or not, are cached for `auth.cache_ttl` seconds, so a
+//! role dropped on the server stops working once its entry expires. The
+//! same connection answers `+role` membership questions for HBA rules.
+
+use super::Secret;
+use crate::backend::stream;
+use crate::config::Config;
+use crate::protocol::error::sqlstate;
+use crate::protocol::PgError;
+use crate::tls::ServerTls;
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio_postgres::config::SslMode;
+use tokio_postgres::NoTls;
+
+/// Cached answers, at most this many of each kind: unknown names are
+/// chosen by clients, so the cache must not grow without bound.
+const MAX_CACHED: usize = 10_000;
+
+/// Members of a role, directly or through other roles; the user counts as a
+/// member of itself, and superusers are not members of everything (as in
+/// pg_hba.conf).
+const MEMBERSHIP_QUERY: &str = "WITH RECURSIVE m(oid) AS ( \
+     SELECT oid FROM pg_catalog.pg_roles WHERE rolname = $1 \
+     UNION SELECT a.roleid FROM pg_catalog.pg_auth_members a JOIN m ON a.member = m.oid) \
+     SELECT EXISTS (SELECT 1 FROM m JOIN pg_catalog.pg_roles r ON r.oid = m.oid WHERE r.rolname = $2)";
+
+/// What the auth query said about a user: `None` if there is no such user,
+/// `Some(None)` if it exists without a password.
+pub type Answer = Option<Option<Secret>>;
+
+/// Where a database lives, for the auth query's connection.
+#[derive(Debug)]
+struct Target {
+    host: String,
+    port: u16,
+    dbname: String,
+    tls: ServerTls,
+}
+
+pub struct AuthQuery {
+    user: String,
+    password: Option<String>,
+    query: String,
+    /// `auth.dbname`: run every lookup there instead of the client's database.
+    dbname: Option<String>,
+    timeout: Duration,
+    targets: HashMap<String, Target>,
+    clients: HashMap<String, tokio::sync::Mutex<Option<Arc<tokio_postgres::Client>>>>,
+    secrets: Cache<(String, String), Answer>,
+    memberships: Cache<(String, String, String), bool>,
+}
+
+impl std::fmt::Debug for AuthQuery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuthQuery")
+            .field("user", &self.user)
+            .field("query", &self.query)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AuthQuery {
+    /// `None` unless `auth.user` is set.
+    pub fn from_config(config: &Config, tls: &HashMap<String, ServerTls>) -> Option<AuthQuery> {
+        let user = config.auth.user.clone()?;
+        let query = config.auth.effective_query()?.to_string();
+        let password = config.users.get(&user).and_then(|u| u.password.clone());
+        let targets: HashMap<String, Target> = config
+            .databases
+            .iter()
+            .map(|(name, db)| {
+                let target = Target {
+                    host: db.host.clone(),
+                    port: db.port,
+                    dbname: db.server_dbname(name).to_string(),
+                    tls: tls.get(name).cloned().unwrap_or_else(ServerTls::disabled),
+                };
+                (name.clone(), target)
+            })
+            .collect();
+        let clients = targets
+            .keys()
+            .map(|k| (k.clone(), tokio::sync::Mutex::new(None)))
+            .collect();
+        let ttl = Duration::from_secs_f64(config.auth.cache_ttl);
+        Some(AuthQuery {
+            user,
+            password,
+            query,
+            dbname: config.auth.dbname.clone(),
+            timeout: Duration::from_secs_f64(config.server_connect_timeout),
+            targets,
+            clients,
+            secrets: Cache::new(ttl),
+            memberships: Cache::new(ttl),
+        })
+    }
+
+    /// Looks `user` up for a client of `database`. A database usher has no
+    /// server for (the admin console) knows no users this way.
+    pub async fn lookup(&self, database: &str, user: &str) -> Result<Answer, PgError> {
+        let db = self.dbname.as_deref().unwrap_or(database);
+        if !self.targets.contains_key(db) {
+            return Ok(None);
+        }
+        let key = (db.to_string(), user.to_string());
+        if let Some(answer) = self.secrets.get(&key) {
+            return Ok(answer);
+        }
+        let row = self
+            .run(db, |client| {
+                let user = user.to_string();
+                let query = self.query.clone();
+                async move { client.query_opt(&query, &[&user]).await }
+            })
+            .await?;
+        let answer = match row {
+            None => None,
+            Some(row) => Some(
+                row.try_get::<_, Option<String>>(1)
+                    .map_err(|e| {
+                        PgError::fatal(
+                            sqlstate::INTERNAL_ERROR,
+                            "auth.query must return the user name and its secret (text)",
+                        )
+                        .with_detail(e.to_string())
+                    })?
+                    .filter(|s| !s.is_empty())
+                    .map(|s| Secret::parse(&s)),
+            ),
+        };
+        self.secrets.put(key, answer.clone());
+        Ok(answer)
+    }
+
+    /// Whether `user` is a member of `role` (for `+role` in HBA rules).
+    /// A failed query counts as "no", and is logged.
+    pub async fn is_member(&self, database: &str, user: &str, role: &str) -> bool {
+        let db = self.dbname.as_deref().unwrap_or(database);
+        if !self.targets.contains_key(db) {
+            return false;
+        }
+        let key = (db.to_string(), user.to_string(), role.to_string());
+        if let Some(answer) = self.memberships.get(&key) {
+            return answer;
+        }
+        let result = self
+            .run(db, |client| {
+                let (user, role) = (user.to_string(), role.to_string());
+                async move {
+                    client
+                        .query_one(MEMBERSHIP_QUERY, &[&user, &role])
+                        .await
+                        .and_then(|r| r.try_get::<_, bool>(0))
+                }
+            })
+            .await;
+        match result {
+            Ok(member) => {
+                self.memberships.put(key, member);
+                member
+            }
+            Err(e) => {
+                tracing::warn!(user, role, error = %e, "could not check role membership for an HBA rule");
+                false
+            }
+        }
+    }
+
+    /// Runs `op` on the connection for `db`, opening it first if needed,
+    /// and once more on a new connection if the old one was lost.
+    async fn run<T, F, Fut>(&self, db: &str, op: F) -> Result<T, PgError>
+    where
+        F: Fn(Arc<tokio_postgres::Client>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+    {
+        let slot = &self.clients[db];
+        let work = async {
+            let mut guard = slot.lock().await;
+            for attempt in 0..2 {
+                let client = match guard.as_ref() {
+                    Some(c) if !c.is_closed() => c.clone(),
+                    _ => {
+                        let c = self.connect(&self.targets[db]).await?;
+                        *guard = Some(c.clone());
+                        c
+                    }
+                };
+                match op(client.clone()).await {
+                    Ok(v) => return Ok(v),
+                    Err(_) if attempt == 0 && client.is_closed() => *guard = None,
+                    Err(e) => return Err(lookup_failed(e.to_string())),
+                }
+            }
+            Err(lookup_failed("the connection was lost twice".into()))
+        };
+        tokio::time::timeout(self.timeout, work)
+            .await
+            .unwrap_or_else(|_| Err(lookup_failed("timed out".into())))
+    }
+
+    async fn connect(&self, target: &Target) -> Result<Arc<tokio_postgres::Client>, PgError> {
+        let stream = stream::open(&target.host, target.port, &target.tls).await?;
+        let mut config = tokio_postgres::Config::new();
+        config
+            .user(&self.user)
+            .dbname(&target.dbname)
+            .application_name("usher auth_query")
+            .ssl_mode(SslMode::Disable); // TLS, if any, is already on the stream
+        if let Some(p) = &self.password {
+            config.password(p);
+        }
+        let (client, connection) = config
+            .connect_raw(stream, NoTls)
+            .await
+            .map_err(|e| lookup_failed(format!("could not log in as auth.user: {e}")))?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "auth_query connection ended");
+            }
+        });
+        Ok(Arc::new(client))
+    }
+}
+
+fn lookup_failed(detail: String) -> PgError {
+    PgError::fatal(sqlstate::CONNECTION_FAILURE, "auth_query failed").with_detail(detail)
+}
+
+/// Answers kept for a while, at most [`MAX_CACHED`] of them.
+struct Cache<K, V> {
+    ttl: Duration,
+    map: Mutex<HashMap<K, (Instant, V)>>,
+}
+
+impl<K: Hash + Eq, V: Clone> Cache<K, V> {
+    fn new(ttl: Duration) -> Self {
+        Cache {
+            ttl,
+            map: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn get(&self, key: &K) -> Option<V> {
+        let map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        map.get(key)
+            .filter(|(at, _)| at.elapsed() < self.ttl)
+            .map(|(_, v)| v.clone())
+    }
+
+    fn put(&self, key: K, value: V) {
+        if self.ttl.is_zero() {
+            return;
+        }
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        if map.len() >= MAX_CACHED {
+            map.retain(|_, (at, _)| at.elapsed() < self.ttl);
+            if map.len() >= MAX_CACHED {
+                map.clear(); // a flood of names: start over rather than grow
+            }
+        }
+        map.insert(key, (Instant::now(), value));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_expires_and_stays_bounded() {
+        let c: Cache<u32, bool> = Cache::new(Duration::from_millis(30));
+        c.put(1, true);
+        assert_eq!(c.get(&1), Some(true));
+        std::thread::sleep(Duration::from_millis(40));
+        assert_eq!(c.get(&1), None);
+        for i in 0..(MAX_CACHED as u32 + 5) {
+            c.put(i, false);
+        }
+        assert!(c.map.lock().unwrap().len() <= MAX_CACHED);
+        let none: Cache<u32, bool> = Cache::new(Duration::ZERO);
+        none.put(1, true);
+        assert_eq!(none.get(&1), None);
+    }
+}

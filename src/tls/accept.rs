@@ -1,0 +1,66 @@
+//! The TLS usher offers clients: its certificate (`tls.cert`, `tls.key`) and,
+//! with `tls.ca`, verification of the certificates clients present. A client
+//! without a certificate may still connect; methods other than `cert` do not
+//! need one.
+
+use super::{load_certs, load_key, load_roots, provider};
+use crate::config::{TlsConfig, TlsMode};
+use rustls::server::WebPkiClientVerifier;
+use rustls::ServerConfig;
+use std::sync::Arc;
+use tokio_rustls::TlsAcceptor;
+
+/// Client-facing TLS, built once from `tls`.
+#[derive(Clone)]
+pub struct ClientTls {
+    pub mode: TlsMode,
+    pub acceptor: TlsAcceptor,
+    /// Client certificates are asked for and checked against `tls.ca`.
+    pub verifies_clients: bool,
+}
+
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientTls")
+            .field("mode", &self.mode)
+            .field("verifies_clients", &self.verifies_clients)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClientTls {
+    /// `None` when TLS is off. Errors name the key and what was wrong.
+    pub fn from_config(tls: &TlsConfig) -> Result<Option<ClientTls>, (&'static str, String)> {
+        if tls.mode == TlsMode::Disable {
+            return Ok(None);
+        }
+        let (Some(cert), Some(key)) = (&tls.cert, &tls.key) else {
+            return Err(("tls.cert", "expected a PEM file".into()));
+        };
+        let certs = load_certs(cert).map_err(|e| ("tls.cert", e))?;
+        let key = load_key(key).map_err(|e| ("tls.key", e))?;
+        let verifier = match &tls.ca {
+            Some(ca) => {
+                let roots = load_roots(ca).map_err(|e| ("tls.ca", e))?;
+                WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+                    .allow_unauthenticated()
+                    .build()
+                    .map_err(|e| ("tls.ca", e.to_string()))?
+            }
+            None => WebPkiClientVerifier::no_client_auth(),
+        };
+        let mut config = ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| ("tls", e.to_string()))?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(certs, key)
+            .map_err(|e| ("tls.key", format!("does not fit tls.cert: {e}")))?;
+        // PostgreSQL 17 clients may name the protocol; older ones send nothing.
+        config.alpn_protocols = vec![b"postgresql".to_vec()];
+        Ok(Some(ClientTls {
+            mode: tls.mode,
+            acceptor: TlsAcceptor::from(Arc::new(config)),
+            verifies_clients: tls.ca.is_some(),
+        }))
+    }
+}

@@ -1,0 +1,64 @@
+//! TLS with rustls (the `ring` provider): the acceptor clients meet, the
+//! connectors usher uses towards PostgreSQL, and a stream wrapper that makes
+//! TLS writes behave like a socket's.
+//!
+//! - [`accept`]: client-facing `ServerConfig` from `tls.cert`/`key`/`ca`.
+//! - [`connect`]: server-facing `ClientConfig` per database (`databases.<name>.tls`).
+//! - [`write_through`]: writes that return once the bytes are on the socket.
+
+pub mod accept;
+pub mod connect;
+pub mod write_through;
+
+pub use accept::ClientTls;
+pub use connect::ServerTls;
+pub use write_through::WriteThrough;
+
+use rustls::crypto::CryptoProvider;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+
+/// The crypto provider for every TLS configuration usher builds.
+pub fn provider() -> Arc<CryptoProvider> {
+    static PROVIDER: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
+    PROVIDER
+        .get_or_init(|| Arc::new(rustls::crypto::ring::default_provider()))
+        .clone()
+}
+
+/// Reads every certificate of a PEM file; an error says what was wrong.
+pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let pem = read(path)?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{}: not a valid PEM certificate file: {e}", path.display()))?;
+    if certs.is_empty() {
+        return Err(format!("{}: no certificate in the file", path.display()));
+    }
+    Ok(certs)
+}
+
+/// Reads the private key of a PEM file (PKCS#8, PKCS#1 or SEC1).
+pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
+    let pem = read(path)?;
+    // The error never quotes the file: it holds a private key.
+    PrivateKeyDer::from_pem_slice(&pem)
+        .map_err(|_| format!("{}: no PEM private key in the file", path.display()))
+}
+
+/// A root store of the certificates in a PEM file.
+pub fn load_roots(path: &Path) -> Result<rustls::RootCertStore, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in load_certs(path)? {
+        roots
+            .add(cert)
+            .map_err(|e| format!("{}: unusable CA certificate: {e}", path.display()))?;
+    }
+    Ok(roots)
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, String> {
+    std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+}

@@ -680,3 +680,25 @@ async fn hooks_check_and_try_on_the_command_line() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("30-broken.lua:1:"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shipped_examples_load_and_leave_ordinary_roles_alone() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(pg, "pool_mode: transaction\nhooks:\n  dir: hooks\n").await;
+    let names: Vec<String> = show_hooks(&usher)
+        .await
+        .into_iter()
+        .map(|r| r["hook"].clone())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "10-settings-per-role.lua",
+            "20-time-window.lua",
+            "30-log-connections.lua"
+        ]
+    );
+    let c = usher.alice().await;
+    assert_eq!(setting(&c, "search_path").await, "\"$user\", public");
+    assert_eq!(setting(&c, "application_name").await, "");
+}

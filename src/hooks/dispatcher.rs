@@ -28,6 +28,32 @@ struct Entry {
     hook: Arc<dyn Hook>,
     events: Vec<Event>,
     stats: Arc<HookStats>,
+    /// Metric handles per event, registered once (labels allocate).
+    metrics: [EventMetrics; 4],
+    rejects: metrics::Counter,
+}
+
+/// The metrics of one hook for one event.
+struct EventMetrics {
+    calls: metrics::Counter,
+    errors: metrics::Counter,
+    timeouts: metrics::Counter,
+    duration: metrics::Histogram,
+}
+
+impl EventMetrics {
+    fn new(hook: &str, event: Event) -> Self {
+        let labels = [
+            ("hook", hook.to_string()),
+            ("event", event.name().to_string()),
+        ];
+        EventMetrics {
+            calls: metrics::counter!("usher_hook_calls_total", &labels),
+            errors: metrics::counter!("usher_hook_errors_total", &labels),
+            timeouts: metrics::counter!("usher_hook_timeouts_total", &labels),
+            duration: metrics::histogram!("usher_hook_duration_seconds", &labels),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -87,8 +113,11 @@ impl Dispatcher {
                 .entry(hook.name().to_string())
                 .or_default()
                 .clone();
+            let name = hook.name().to_string();
             let entry = Arc::new(Entry {
                 events: hook.events(),
+                metrics: Event::ALL.map(|e| EventMetrics::new(&name, e)),
+                rejects: metrics::counter!("usher_hook_rejects_total", "hook" => name),
                 hook,
                 stats,
             });
@@ -189,7 +218,7 @@ impl Dispatcher {
                     r.hook = entry.hook.name().to_string();
                 }
                 entry.stats.rejects.fetch_add(1, Ordering::Relaxed);
-                metrics::counter!("usher_hook_rejects_total", "hook" => entry.hook.name().to_string()).increment(1);
+                entry.rejects.increment(1);
                 return;
             }
         }
@@ -251,19 +280,16 @@ async fn timed(
 ) -> Result<(), HookError> {
     let started = Instant::now();
     let result = call.await;
-    let name = entry.hook.name().to_string();
+    let m = &entry.metrics[event as usize];
     entry.stats.calls.fetch_add(1, Ordering::Relaxed);
-    metrics::counter!("usher_hook_calls_total", "hook" => name.clone(), "event" => event.name())
-        .increment(1);
-    metrics::histogram!("usher_hook_duration_seconds", "hook" => name.clone(), "event" => event.name())
-        .record(started.elapsed().as_secs_f64());
+    m.calls.increment(1);
+    m.duration.record(started.elapsed().as_secs_f64());
     if let Err(e) = &result {
         entry.stats.errors.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!("usher_hook_errors_total", "hook" => name.clone(), "event" => event.name()).increment(1);
+        m.errors.increment(1);
         if *e == HookError::Timeout {
             entry.stats.timeouts.fetch_add(1, Ordering::Relaxed);
-            metrics::counter!("usher_hook_timeouts_total", "hook" => name, "event" => event.name())
-                .increment(1);
+            m.timeouts.increment(1);
         }
         *entry.stats.last_error.lock().unwrap() = Some(e.to_string());
     }

@@ -49,7 +49,8 @@ pub(super) fn usher_table(lua: &Lua, services: Arc<LuaServices>) -> mlua::Result
                         ))),
                     })
                     .collect::<mlua::Result<_>>()?;
-                let rows = s.query.query(&sql, &params).await.map_err(mlua::Error::runtime)?;
+                let query = async { s.query.query(&sql, &params).await.map_err(mlua::Error::runtime) };
+                let rows = super::vm::within_budget(&lua, query).await?;
                 let out = lua.create_table()?;
                 for row in rows {
                     let t = lua.create_table()?;

@@ -222,8 +222,10 @@ impl LuaEngine {
         &self,
         index: usize,
         event: Event,
+        client: Option<(&super::ClientInfo, &super::Vars)>,
+        reason: Option<super::SessionReason>,
         fill: impl FnOnce(&mlua::Lua, &mlua::Table) -> mlua::Result<()>,
-        collect: impl FnOnce(&mlua::Table) -> mlua::Result<T>,
+        collect: impl FnOnce(&Vm, &mlua::Table) -> mlua::Result<T>,
     ) -> Result<T, HookError> {
         let vm = self.checkout()?;
         let Some(handler) = vm.handler(index, event.name()) else {
@@ -231,7 +233,7 @@ impl LuaEngine {
             return Err(HookError::Failed(format!("no {} handler", event.name())));
         };
         let failed = |e: mlua::Error| HookError::Failed(e.to_string());
-        let ctx = convert::new_ctx(&vm, event).map_err(failed)?;
+        let ctx = convert::new_ctx(&vm, event, client, reason).map_err(failed)?;
         fill(&vm.lua, &ctx).map_err(failed)?;
         let deadline = Instant::now() + self.settings.timeout;
         if let Some(budget) = vm.lua.app_data_ref::<Budget>() {
@@ -252,7 +254,7 @@ impl LuaEngine {
                 Err(HookError::Failed(first_line(&e)))
             }
             Ok(Ok(())) => {
-                let result = collect(&ctx).map_err(|e| HookError::Failed(e.to_string()));
+                let result = collect(&vm, &ctx).map_err(|e| HookError::Failed(e.to_string()));
                 self.checkin(vm);
                 result
             }
@@ -296,8 +298,10 @@ impl Hook for LuaFileHook {
             .call(
                 self.index,
                 Event::AuthAttempt,
+                None,
+                None,
                 |lua, ctx| convert::fill_auth_attempt(lua, ctx, attempt),
-                |_| Ok(()),
+                |_, _| Ok(()),
             )
             .await
     }
@@ -310,11 +314,15 @@ impl Hook for LuaFileHook {
             .call(
                 self.index,
                 Event::ClientConnection,
-                |lua, t| convert::fill_client(lua, t, client, &vars),
+                Some((client, &vars)),
+                None,
+                |_, _| Ok(()),
                 convert::collect,
             )
             .await?;
-        *ctx.vars = out.vars;
+        if let Some(vars) = out.vars {
+            *ctx.vars = vars;
+        }
         ctx.params.extend(out.params);
         ctx.notices.extend(out.notices);
         if let Some(mut r) = out.reject {
@@ -332,14 +340,15 @@ impl Hook for LuaFileHook {
             .call(
                 self.index,
                 Event::SessionStart,
-                |lua, t| {
-                    convert::fill_client(lua, t, client, &vars)?;
-                    convert::fill_session(lua, t, reason, server.as_ref())
-                },
+                Some((client, &vars)),
+                Some(reason),
+                |lua, t| convert::fill_session(lua, t, server.as_ref()),
                 convert::collect,
             )
             .await?;
-        *ctx.vars = out.vars;
+        if let Some(vars) = out.vars {
+            *ctx.vars = vars;
+        }
         ctx.params.extend(out.params);
         ctx.exec.extend(out.exec);
         ctx.notices.extend(out.notices);
@@ -352,11 +361,10 @@ impl Hook for LuaFileHook {
             .call(
                 self.index,
                 Event::SessionEnd,
-                |lua, t| {
-                    convert::fill_client(lua, t, client, vars)?;
-                    t.set("duration_ms", duration.as_millis() as i64)
-                },
-                |_| Ok(()),
+                Some((client, vars)),
+                None,
+                |_, t| t.raw_set("duration_ms", duration.as_millis() as i64),
+                |_, _| Ok(()),
             )
             .await
     }
@@ -385,7 +393,7 @@ mod tests {
 
     async fn run(engine: &Arc<LuaEngine>) -> Result<(), HookError> {
         engine
-            .call(0, Event::AuthAttempt, |_, _| Ok(()), |_| Ok(()))
+            .call(0, Event::AuthAttempt, None, None, |_, _| Ok(()), |_, _| Ok(()))
             .await
     }
 

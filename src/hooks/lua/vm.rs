@@ -12,29 +12,65 @@ use super::LuaServices;
 use mlua::chunk::ChunkMode;
 use mlua::{Function, HookTriggers, Lua, LuaOptions, StdLib, Table, Value, VmState};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-/// The deadline of the call running in a VM, checked by the instruction hook.
-#[derive(Default)]
+/// The deadline of the call running in a VM: checked by the instruction
+/// hook (CPU) and used as the timeout of awaited calls (usher.query).
 pub(super) struct Budget {
     deadline: Mutex<Option<Instant>>,
-    exceeded: std::sync::atomic::AtomicBool,
+    exceeded: AtomicBool,
 }
 
 impl Budget {
+    fn new() -> Self {
+        Budget {
+            deadline: Mutex::new(None),
+            exceeded: AtomicBool::new(false),
+        }
+    }
+
     pub(super) fn start(&self, deadline: Instant) {
         *self.deadline.lock().unwrap() = Some(deadline);
-        self.exceeded
-            .store(false, std::sync::atomic::Ordering::Relaxed);
+        self.exceeded.store(false, Ordering::Relaxed);
     }
 
     pub(super) fn stop(&self) {
         *self.deadline.lock().unwrap() = None;
     }
 
+    fn deadline(&self) -> Option<Instant> {
+        *self.deadline.lock().unwrap()
+    }
+
     pub(super) fn was_exceeded(&self) -> bool {
-        self.exceeded.load(std::sync::atomic::Ordering::Relaxed)
+        self.exceeded.load(Ordering::Relaxed)
+    }
+
+    /// Marks the budget spent.
+    fn exceed(&self) {
+        self.exceeded.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Runs an awaited call (a query) within what is left of the hook's budget.
+pub(super) async fn within_budget<T>(
+    lua: &Lua,
+    call: impl std::future::Future<Output = mlua::Result<T>>,
+) -> mlua::Result<T> {
+    let deadline = lua.app_data_ref::<Budget>().and_then(|b| b.deadline());
+    let Some(deadline) = deadline else {
+        return call.await;
+    };
+    match tokio::time::timeout_at(deadline.into(), call).await {
+        Ok(r) => r,
+        Err(_) => {
+            if let Some(b) = lua.app_data_ref::<Budget>() {
+                b.exceed();
+            }
+            Err(mlua::Error::runtime("hook exceeded its time budget"))
+        }
     }
 }
 
@@ -51,7 +87,9 @@ pub struct HookSource {
 pub(super) struct Vm {
     pub lua: Lua,
     pub files: Vec<Table>,
-    pub ctx_meta: Table,
+    /// The prelude's ctx builder and summarizer (see prelude.lua).
+    pub ctx_build: Function,
+    pub ctx_summarize: Function,
 }
 
 impl Vm {
@@ -69,12 +107,13 @@ impl Vm {
                 | StdLib::UTF8
                 | StdLib::COROUTINE
                 | StdLib::OS,
-            LuaOptions::default(),
+            // Reuse coroutines for call_async instead of creating one per call.
+            LuaOptions::new().thread_pool_size(8),
         )
         .map_err(|e| e.to_string())?;
         // The budget hook comes first: threads mlua creates before it is set
         // would run without it.
-        lua.set_app_data(Budget::default());
+        lua.set_app_data(Budget::new());
         lua.set_global_hook(
             HookTriggers::new().every_nth_instruction(1000),
             |lua, _debug| {
@@ -87,9 +126,7 @@ impl Vm {
                     .unwrap()
                     .is_some_and(|d| Instant::now() >= d);
                 if past {
-                    budget
-                        .exceeded
-                        .store(true, std::sync::atomic::Ordering::Relaxed);
+                    budget.exceed();
                     return Err(mlua::Error::runtime("hook exceeded its time budget"));
                 }
                 Ok(VmState::Continue)
@@ -98,7 +135,7 @@ impl Vm {
         .map_err(|e| e.to_string())?;
         let base =
             sandbox(&lua, dir, services).map_err(|e| format!("building the sandbox: {e}"))?;
-        let ctx_meta: Table = lua
+        let (_ctx_meta, ctx_build, ctx_summarize): (Table, Function, Function) = lua
             .load(include_str!("prelude.lua"))
             .set_name("=usher prelude")
             .set_environment(base.clone())
@@ -126,7 +163,8 @@ impl Vm {
         Ok(Vm {
             lua,
             files,
-            ctx_meta,
+            ctx_build,
+            ctx_summarize,
         })
     }
 

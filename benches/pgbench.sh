@@ -21,52 +21,10 @@ JOBS=${JOBS:-2}
 POOL_SIZE=${POOL_SIZE:-20}
 CLIENTS=${CLIENTS:-"1 10 50 100"}
 MODES=${MODES:-"simple extended prepared"}
-BIN=$(pg_bindir)
-
-work=$(mktemp -d /tmp/usher-bench.XXXXXX)
-[ "$(id -u)" -eq 0 ] && chown postgres:postgres "$work"
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-PGPORT=$(free_port)
+. benches/lib.sh
 USHER_PORT=$(free_port)
-usher_pid=""
-cleanup() {
-  [ -n "$usher_pid" ] && kill "$usher_pid" 2>/dev/null || true
-  as_postgres "$BIN/pg_ctl" -D "$work/data" -m immediate stop >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-echo "building usher (release)..." >&2
-cargo build --release --quiet
-
-echo "starting PostgreSQL on :$PGPORT..." >&2
-echo "bench-pw" >"$work/pw"; [ "$(id -u)" -eq 0 ] && chown postgres "$work/pw"
-as_postgres "$BIN/initdb" -D "$work/data" -U postgres -E UTF8 --locale=C -N \
-  --auth-local=trust --auth-host=scram-sha-256 --pwfile="$work/pw" >/dev/null
-cat >>"$work/data/postgresql.conf" <<CONF
-port = $PGPORT
-listen_addresses = '127.0.0.1'
-unix_socket_directories = '$work'
-max_connections = 250
-fsync = off
-synchronous_commit = off
-CONF
-as_postgres "$BIN/pg_ctl" -D "$work/data" -l "$work/pg.log" -w start >/dev/null
-psql -X -q -h "$work" -p "$PGPORT" -U postgres -c "CREATE ROLE bench LOGIN PASSWORD 'bench-pw'" -c "CREATE DATABASE bench OWNER bench"
-
-cat >"$work/usher.yaml" <<YAML
-listen: 127.0.0.1:$USHER_PORT
-pool_mode: transaction
-pool_size: $POOL_SIZE
-databases:
-  bench: { host: 127.0.0.1, port: $PGPORT }
-users:
-  bench: { password: bench-pw }
-log: { level: warn }
-YAML
-target/release/usher --config "$work/usher.yaml" 2>"$work/usher.log" &
-usher_pid=$!
-for _ in $(seq 100); do pg_isready -q -h 127.0.0.1 -p "$USHER_PORT" && break; sleep 0.1; done
+mkdir -p "$work/no-hooks"
+start_usher usher "$USHER_PORT" "hooks: { dir: $work/no-hooks }"
 
 export PGPASSWORD=bench-pw
 pgbench -i -q -s 10 -h 127.0.0.1 -p "$PGPORT" -U bench bench >/dev/null 2>&1

@@ -210,6 +210,8 @@ impl App {
     /// auth_attempt hooks, and sent to whoever subscribed.
     pub async fn record(&self, attempt: AuthAttempt) {
         attempt.log();
+        metrics::counter!(crate::metrics::AUTH_ATTEMPTS, "outcome" => attempt.outcome.as_str())
+            .increment(1);
         self.hooks.auth_attempt(&attempt).await;
         if self.attempts.receiver_count() > 0 {
             let _ = self.attempts.send(attempt);

@@ -57,6 +57,13 @@ fn main() -> ExitCode {
         cli.no_hooks || std::env::var("USHER_HOOKS").is_ok_and(|v| v.eq_ignore_ascii_case("off"));
     if matches!(command, Command::Run) {
         init_logging(&config);
+        // Before the app registers its metrics (pools, hooks).
+        if let Some(listen) = config.metrics.listen {
+            if let Err(e) = usher::metrics::install(listen) {
+                eprintln!("usher: {e}");
+                return ExitCode::from(1);
+            }
+        }
     }
     // Building the app reads the files the config names (certificates, the
     // auth file, HBA rules, hook files), so `check` validates those too.

@@ -371,3 +371,78 @@ async fn psql_ctrl_c_cancels_through_usher() {
     );
     assert!(started.elapsed() < Duration::from_secs(10));
 }
+
+/// GET /metrics from usher's Prometheus endpoint.
+async fn scrape(port: u16) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("metrics endpoint answers");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).await.unwrap();
+    body
+}
+
+/// The value of a metric line that starts with `prefix` (name and labels).
+fn metric(text: &str, prefix: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_metrics_endpoint_moves_with_traffic() {
+    let pg = PgCluster::shared();
+    let metrics_port = common::free_port();
+    let usher = UsherProcess::start(
+        pg,
+        &format!("pool_mode: transaction\nmetrics:\n  listen: 127.0.0.1:{metrics_port}\n"),
+    );
+    let conn = format!(
+        "host=127.0.0.1 port={} user=alice password={ALICE_PASSWORD} dbname=app",
+        usher.port
+    );
+    let (c, driver) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(driver);
+    c.simple_query("SELECT 1").await.unwrap();
+    let before = scrape(metrics_port).await;
+    let tx = r#"usher_transactions_total{database="app",user="alice"}"#;
+    let first = metric(&before, tx).unwrap_or_else(|| panic!("no {tx} in\n{before}"));
+    for _ in 0..10 {
+        c.simple_query("SELECT 1").await.unwrap();
+    }
+    let _ = tokio_postgres::connect(
+        &conn.replace(ALICE_PASSWORD, "wrong"),
+        tokio_postgres::NoTls,
+    )
+    .await;
+    let after = scrape(metrics_port).await;
+    assert_eq!(metric(&after, tx), Some(first + 10.0), "{after}");
+    assert!(
+        metric(
+            &after,
+            r#"usher_auth_attempts_total{outcome="wrong_password"}"#
+        ) >= Some(1.0),
+        "{after}"
+    );
+    assert!(
+        metric(&after, r#"usher_auth_attempts_total{outcome="success"}"#) >= Some(1.0),
+        "{after}"
+    );
+    assert_eq!(
+        metric(
+            &after,
+            r#"usher_pool_servers_idle{database="app",user="alice"}"#
+        ),
+        Some(1.0),
+        "{after}"
+    );
+    assert!(after.contains("usher_pool_wait_seconds"), "{after}");
+    // No label carries a client address or an unknown user name.
+    assert!(!after.contains("127.0.0.1"), "{after}");
+}

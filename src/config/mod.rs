@@ -142,6 +142,16 @@ pub struct Config {
     pub source: String,
     #[serde(default)]
     pub hooks: HooksConfig,
+    #[serde(default)]
+    pub metrics: MetricsConfig,
+}
+
+/// `metrics:`: the Prometheus endpoint.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Address of the HTTP endpoint serving `/metrics`; none: no endpoint.
+    pub listen: Option<SocketAddr>,
 }
 
 /// What a client_connection hook failure does to the client.

@@ -481,6 +481,7 @@ impl Session {
         loop {
             let mut answer = None;
             let mut discarded = false;
+            let stats = &self.pool.stats;
             let flow = &mut link.flow;
             let plan = &mut link.plan;
             let params = &mut self.params;
@@ -502,6 +503,9 @@ impl Session {
                             flow.status = body.first().copied().unwrap_or(b'I');
                             if rewriting {
                                 plan.ready(server);
+                            }
+                            if flow.status == b'I' && flow.pending == 0 {
+                                stats.transaction_done();
                             }
                             if mode == PoolMode::Transaction
                                 && flow.status == b'I'

@@ -20,11 +20,14 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-/// Counters of one pool, for the console and metrics. Relaxed atomics.
-#[derive(Debug, Default)]
+/// Counters of one pool, for the console and metrics. Relaxed atomics,
+/// mirrored into metric handles registered once per pool.
+#[derive(Debug)]
 pub struct PoolStats {
+    metrics: PoolMetrics,
     pub server_connects: AtomicU64,
     pub checkouts: AtomicU64,
+    pub transactions: AtomicU64,
     pub waiting: AtomicUsize,
     pub active: AtomicUsize,
     /// Total microseconds clients waited for a server connection.
@@ -55,8 +58,75 @@ pub struct Checkout {
     _permit: OwnedSemaphorePermit,
 }
 
+/// The Prometheus side of [`PoolStats`].
+#[derive(Debug)]
+struct PoolMetrics {
+    transactions: metrics::Counter,
+    waiting: metrics::Gauge,
+    active: metrics::Gauge,
+    idle: metrics::Gauge,
+    connects: metrics::Counter,
+    wait: metrics::Histogram,
+}
+
+impl PoolStats {
+    fn new(database: &str, user: &str) -> Self {
+        use crate::metrics as m;
+        let labels = [
+            ("database", database.to_string()),
+            ("user", user.to_string()),
+        ];
+        PoolStats {
+            metrics: PoolMetrics {
+                transactions: metrics::counter!(m::TRANSACTIONS, &labels),
+                waiting: metrics::gauge!(m::CLIENTS_WAITING, &labels),
+                active: metrics::gauge!(m::SERVERS_ACTIVE, &labels),
+                idle: metrics::gauge!(m::SERVERS_IDLE, &labels),
+                connects: metrics::counter!(m::SERVER_CONNECTS, &labels),
+                wait: metrics::histogram!(m::WAIT_SECONDS, &labels),
+            },
+            server_connects: AtomicU64::new(0),
+            checkouts: AtomicU64::new(0),
+            transactions: AtomicU64::new(0),
+            waiting: AtomicUsize::new(0),
+            active: AtomicUsize::new(0),
+            wait_us: AtomicU64::new(0),
+        }
+    }
+
+    fn waiting(&self, delta: isize) {
+        if delta > 0 {
+            self.waiting.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.waiting.fetch_sub(1, Ordering::Relaxed);
+        }
+        self.metrics.waiting.increment(delta as f64);
+    }
+
+    fn active(&self, delta: isize) {
+        if delta > 0 {
+            self.active.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.active.fetch_sub(1, Ordering::Relaxed);
+        }
+        self.metrics.active.increment(delta as f64);
+    }
+
+    fn connected(&self) {
+        self.server_connects.fetch_add(1, Ordering::Relaxed);
+        self.metrics.connects.increment(1);
+    }
+
+    /// A transaction ended (the server said ReadyForQuery 'I' with nothing owed).
+    pub fn transaction_done(&self) {
+        self.transactions.fetch_add(1, Ordering::Relaxed);
+        self.metrics.transactions.increment(1);
+    }
+}
+
 impl Pool {
     pub fn new(database: String, user: String, target: ServerTarget, settings: PoolLimits) -> Self {
+        let stats = PoolStats::new(&database, &user);
         Pool {
             database,
             user,
@@ -65,7 +135,7 @@ impl Pool {
             target,
             idle: Mutex::new(Vec::new()),
             server_params: OnceLock::new(),
-            stats: PoolStats::default(),
+            stats,
         }
     }
 
@@ -93,13 +163,17 @@ impl Pool {
     /// Waits for a server connection: an idle one if any is alive, else a new one.
     pub async fn checkout(&self) -> Result<Checkout, PgError> {
         let started = std::time::Instant::now();
-        self.stats.waiting.fetch_add(1, Ordering::Relaxed);
+        self.stats.waiting(1);
         let permit = tokio::time::timeout(
             self.settings.query_wait_timeout,
             self.permits.clone().acquire_owned(),
         )
         .await;
-        self.stats.waiting.fetch_sub(1, Ordering::Relaxed);
+        self.stats.waiting(-1);
+        self.stats
+            .metrics
+            .wait
+            .record(started.elapsed().as_secs_f64());
         self.stats
             .wait_us
             .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
@@ -125,7 +199,7 @@ impl Pool {
         self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
         while let Some(conn) = self.pop_idle() {
             if let Some(conn) = self.vet(conn).await {
-                self.stats.active.fetch_add(1, Ordering::Relaxed);
+                self.stats.active(1);
                 return Ok(Checkout {
                     conn,
                     fresh: false,
@@ -134,9 +208,9 @@ impl Pool {
             }
         }
         let conn = backend::connect(&self.target, self.settings.server_connect_timeout).await?;
-        self.stats.server_connects.fetch_add(1, Ordering::Relaxed);
+        self.stats.connected();
         tracing::debug!(server = conn.id, pid = conn.backend_pid(), db = %self.database, user = %self.user, "server connection opened");
-        self.stats.active.fetch_add(1, Ordering::Relaxed);
+        self.stats.active(1);
         Ok(Checkout {
             conn,
             fresh: true,
@@ -145,7 +219,16 @@ impl Pool {
     }
 
     fn pop_idle(&self) -> Option<ServerConn> {
-        self.idle.lock().unwrap().pop()
+        let mut idle = self.idle.lock().unwrap();
+        let conn = idle.pop();
+        self.stats.metrics.idle.set(idle.len() as f64);
+        conn
+    }
+
+    fn push_idle(&self, conn: ServerConn) {
+        let mut idle = self.idle.lock().unwrap();
+        idle.push(conn);
+        self.stats.metrics.idle.set(idle.len() as f64);
     }
 
     /// Decides whether an idle connection may be handed out: not past its
@@ -189,7 +272,7 @@ impl Pool {
     /// Returns a clean server connection (idle, not in a transaction) to the
     /// pool, or closes it if it has outlived `server_lifetime`.
     pub fn checkin(&self, mut checkout: Checkout) {
-        self.stats.active.fetch_sub(1, Ordering::Relaxed);
+        self.stats.active(-1);
         if self.past_lifetime(&checkout.conn) {
             tracing::debug!(
                 server = checkout.conn.id,
@@ -198,13 +281,13 @@ impl Pool {
             return;
         }
         checkout.conn.last_used = std::time::Instant::now();
-        self.idle.lock().unwrap().push(checkout.conn);
+        self.push_idle(checkout.conn);
         // The permit drops here, after the connection is back in the list.
     }
 
     /// Closes a server connection that is not safe to reuse.
     pub fn discard(&self, checkout: Checkout) {
-        self.stats.active.fetch_sub(1, Ordering::Relaxed);
+        self.stats.active(-1);
         tracing::debug!(server = checkout.conn.id, "closing server connection");
         drop(checkout);
     }
@@ -262,8 +345,8 @@ impl Pool {
             };
             match backend::connect(&self.target, self.settings.server_connect_timeout).await {
                 Ok(conn) => {
-                    self.stats.server_connects.fetch_add(1, Ordering::Relaxed);
-                    self.idle.lock().unwrap().push(conn);
+                    self.stats.connected();
+                    self.push_idle(conn);
                     drop(permit);
                 }
                 Err(e) => {

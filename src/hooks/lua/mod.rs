@@ -393,7 +393,14 @@ mod tests {
 
     async fn run(engine: &Arc<LuaEngine>) -> Result<(), HookError> {
         engine
-            .call(0, Event::AuthAttempt, None, None, |_, _| Ok(()), |_, _| Ok(()))
+            .call(
+                0,
+                Event::AuthAttempt,
+                None,
+                None,
+                |_, _| Ok(()),
+                |_, _| Ok(()),
+            )
             .await
     }
 

@@ -5,8 +5,13 @@
 //! Unknown keys are errors (`deny_unknown_fields` everywhere). The keys of
 //! TLS, credential sources and HBA rules live in [`security`].
 
+pub mod builtins;
 pub mod security;
 
+pub use builtins::{
+    AuthMonitorConfig, BlockAction, BlockRuleConfig, BlockingConfig, LockoutConfig,
+    MaintenanceConfig,
+};
 pub use security::{HbaMethod, HbaRuleConfig, HbaType, ServerTlsMode, TlsConfig, TlsMode};
 
 use serde::Deserialize;
@@ -142,6 +147,11 @@ pub struct Config {
     pub source: String,
     #[serde(default)]
     pub hooks: HooksConfig,
+    /// Built-in login auditing and lockout; off when absent.
+    pub auth_monitor: Option<AuthMonitorConfig>,
+    /// Built-in connection blocking rules and maintenance mode.
+    #[serde(default)]
+    pub blocking: BlockingConfig,
 }
 
 /// What a client_connection hook failure does to the client.
@@ -593,6 +603,9 @@ impl Config {
                     &format!("expected a user listed under `users`, got `{name}`"),
                 ));
             }
+        }
+        if let Some(m) = &self.auth_monitor {
+            builtins::validate(m, file)?;
         }
         security::validate(self, file)
     }

@@ -6,7 +6,8 @@
 //! forwarding path) and never across an await or a file write.
 
 use super::auth_monitor_state::{
-    clip, Attempt, Engaged, Kind, Limits, Locked, LockoutPolicy, Millis, RoleKey, Saved, State,
+    clip, AddrRow, Attempt, Counters, Engaged, Kind, Limits, Locked, LockoutPolicy, Millis,
+    RoleKey, Saved, State,
 };
 use super::{now_ms, timestamp, Table};
 use crate::auth::{AuthAttempt, AuthOutcome};
@@ -39,6 +40,10 @@ pub struct AuthMonitor {
     dirty: AtomicBool,
     /// One write of the state file at a time.
     saving: Mutex<()>,
+    /// The state file could not be read: the first write moves it aside
+    /// (`<file>.corrupt`) rather than destroy what an operator may want
+    /// to look at. Not at load: `usher check` must not move files.
+    corrupt: AtomicBool,
 }
 
 impl AuthMonitor {
@@ -59,9 +64,9 @@ impl AuthMonitor {
             by_role: l.by_role,
             by_address: l.by_address,
         });
-        let state = match &config.state_file {
+        let (state, corrupt) = match &config.state_file {
             Some(path) => load(path, &limits),
-            None => State::default(),
+            None => (State::default(), false),
         };
         let monitor = AuthMonitor {
             state: Mutex::new(state),
@@ -72,6 +77,7 @@ impl AuthMonitor {
             save_interval: Duration::from_secs_f64(config.save_interval_s),
             dirty: AtomicBool::new(false),
             saving: Mutex::new(()),
+            corrupt: AtomicBool::new(corrupt),
         };
         monitor.update_gauges(&monitor.state.lock().unwrap());
         monitor
@@ -236,28 +242,27 @@ impl AuthMonitor {
         let now = now_ms();
         let state = self.state.lock().unwrap();
         let mut rows: Vec<(String, Vec<Option<String>>)> = Vec::new();
-        let mut push =
-            |rolname: String, deleted: bool, uid: u32, c: &super::auth_monitor_state::Counters| {
-                let n = |v: u64| Some(v.to_string());
-                let ts = |v: Option<Millis>| v.map(timestamp);
-                rows.push((
-                    rolname.clone(),
-                    vec![
-                        Some(rolname),
-                        Some(if deleted { "t" } else { "f" }.to_string()),
-                        Some(uid.to_string()),
-                        n(c.successful_attempts),
-                        ts(c.last_successful_ts.filter(|_| c.successful_attempts > 0)),
-                        n(c.total_hba_conflicts),
-                        n(c.other_auth_failures),
-                        ts(c.last_failed_ts),
-                        Some(c.login_name_at_last_attempt.clone()),
-                        n(c.blocked_attempts),
-                        c.last_failed_addr.map(|a| a.to_string()),
-                        ts(c.lock.until(now)),
-                    ],
-                ));
-            };
+        let mut push = |rolname: String, deleted: bool, uid: u32, c: &Counters| {
+            let n = |v: u64| Some(v.to_string());
+            let ts = |v: Option<Millis>| v.map(timestamp);
+            rows.push((
+                rolname.clone(),
+                vec![
+                    Some(rolname),
+                    Some(if deleted { "t" } else { "f" }.to_string()),
+                    Some(uid.to_string()),
+                    n(c.successful_attempts),
+                    ts(c.last_successful_ts),
+                    n(c.total_hba_conflicts),
+                    n(c.other_auth_failures),
+                    ts(c.last_failed_ts),
+                    Some(c.login_name_at_last_attempt.clone()),
+                    n(c.blocked_attempts),
+                    c.last_failed_addr.map(|a| a.to_string()),
+                    ts(c.lock.until(now)),
+                ],
+            ));
+        };
         if state.unknown.last_attempt_ts > 0 {
             push(String::new(), false, 0, &state.unknown);
         }
@@ -327,8 +332,7 @@ impl AuthMonitor {
         let state = self.state.lock().unwrap();
         let mut addrs: Vec<_> = state.addresses.iter().collect();
         addrs.sort_by(|a, b| {
-            let total =
-                |r: &super::auth_monitor_state::AddrRow| r.failed_attempts + r.blocked_attempts;
+            let total = |r: &AddrRow| r.failed_attempts + r.blocked_attempts;
             total(b.1).cmp(&total(a.1)).then(a.0.cmp(b.0))
         });
         Table::new(
@@ -365,6 +369,12 @@ impl AuthMonitor {
         let _one_at_a_time = self.saving.lock().unwrap();
         if !self.dirty.swap(false, Ordering::Relaxed) {
             return Ok(());
+        }
+        if self.corrupt.swap(false, Ordering::Relaxed) {
+            let aside = with_suffix(path, ".corrupt");
+            if std::fs::rename(path, &aside).is_ok() {
+                tracing::warn!(file = %aside.display(), "auth monitor: the corrupt state file was kept aside");
+            }
         }
         let saved: Saved = self.state.lock().unwrap().to_saved();
         let result = serde_json::to_vec_pretty(&saved)
@@ -426,19 +436,18 @@ impl Hook for AuthMonitor {
     }
 }
 
-/// Reads the state file; a missing or unreadable one means starting empty,
-/// with a warning. A corrupt one is moved aside (`<file>.corrupt`) so the
-/// next write does not destroy what an operator may want to look at.
-fn load(path: &Path, limits: &Limits) -> State {
+/// Reads the state file; a missing, unreadable or corrupt one means
+/// starting empty, with a warning. True when the file is corrupt.
+fn load(path: &Path, limits: &Limits) -> (State, bool) {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             tracing::warn!(file = %path.display(), "auth monitor: no state file yet; starting with empty counters");
-            return State::default();
+            return (State::default(), false);
         }
         Err(e) => {
             tracing::warn!(file = %path.display(), error = %e, "auth monitor: cannot read the state file; starting with empty counters");
-            return State::default();
+            return (State::default(), false);
         }
     };
     let parsed = serde_json::from_str::<Saved>(&text)
@@ -447,17 +456,14 @@ fn load(path: &Path, limits: &Limits) -> State {
     match parsed {
         Ok(state) => {
             tracing::info!(file = %path.display(), roles = state.roles.len(), "auth monitor: counters restored");
-            state
+            (state, false)
         }
         Err(e) => {
-            let aside = with_suffix(path, ".corrupt");
-            let moved = std::fs::rename(path, &aside).is_ok();
             tracing::warn!(
                 file = %path.display(), error = %e,
-                moved_to = %if moved { aside.display().to_string() } else { "(not moved)".into() },
-                "auth monitor: the state file is corrupt; starting with empty counters"
+                "auth monitor: the state file is corrupt; starting with empty counters (the file is kept as .corrupt at the first write)"
             );
-            State::default()
+            (State::default(), true)
         }
     }
 }
@@ -542,7 +548,17 @@ mod tests {
         std::fs::write(dir.path().join("mon.json"), b"{ not json").unwrap();
         let empty = monitor(dir.path(), "");
         assert!(empty.show_roles().rows.is_empty());
-        assert!(dir.path().join("mon.json.corrupt").exists());
+        assert!(
+            !dir.path().join("mon.json.corrupt").exists(),
+            "not moved at load"
+        );
+        empty.observe(&attempt("bob", true, AuthOutcome::Success));
+        empty.save().unwrap();
+        assert_eq!(
+            std::fs::read(dir.path().join("mon.json.corrupt")).unwrap(),
+            b"{ not json"
+        );
+        assert_eq!(monitor(dir.path(), "").show_roles().rows.len(), 1);
     }
 
     #[test]

@@ -293,9 +293,11 @@ async fn counts_survive_a_restart_and_a_corrupt_file_starts_empty() {
             usher.port
         )
     };
-    tokio_postgres::connect(&conn("alice", ALICE_PASSWORD), tokio_postgres::NoTls)
-        .await
-        .unwrap();
+    let (alice, driver) =
+        tokio_postgres::connect(&conn("alice", ALICE_PASSWORD), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+    drop((alice, driver));
     for _ in 0..2 {
         assert!(
             tokio_postgres::connect(&conn("alice", "wrong"), tokio_postgres::NoTls)

@@ -561,6 +561,100 @@ mod tests {
         assert_eq!(monitor(dir.path(), "").show_roles().rows.len(), 1);
     }
 
+    /// Keeps the key of every metric touched.
+    #[derive(Default)]
+    struct Keys(Mutex<Vec<metrics::Key>>);
+
+    impl metrics::Recorder for Keys {
+        fn describe_counter(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn describe_gauge(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn describe_histogram(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn register_counter(
+            &self,
+            key: &metrics::Key,
+            _: &metrics::Metadata<'_>,
+        ) -> metrics::Counter {
+            self.0.lock().unwrap().push(key.clone());
+            metrics::Counter::noop()
+        }
+        fn register_gauge(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+            self.0.lock().unwrap().push(key.clone());
+            metrics::Gauge::noop()
+        }
+        fn register_histogram(
+            &self,
+            key: &metrics::Key,
+            _: &metrics::Metadata<'_>,
+        ) -> metrics::Histogram {
+            self.0.lock().unwrap().push(key.clone());
+            metrics::Histogram::noop()
+        }
+    }
+
+    #[test]
+    fn metric_labels_never_carry_user_names_or_addresses() {
+        let dir = tempfile::tempdir().unwrap();
+        let keys = Keys::default();
+        let yaml = format!(
+            "auth_monitor: {{ state_file: {}, max_unknown_names: 1, lockout: {{ max_failures: 1, by_role: false }} }}\n",
+            dir.path().join("m.json").display()
+        );
+        let config = Config::from_yaml(&yaml, "t.yaml").unwrap();
+        metrics::with_local_recorder(&keys, || {
+            let m = AuthMonitor::new(
+                config.auth_monitor.as_ref().unwrap(),
+                Arc::new(RoleCache::default()),
+            );
+            for user in ["alice", "mallory-guess-1", "mallory-guess-2"] {
+                m.observe(&attempt(user, user == "alice", AuthOutcome::WrongPassword));
+                let locked = m.lockout_check(user, "10.0.0.1".parse().unwrap());
+                assert!(locked.is_some());
+                m.observe(&attempt(user, user == "alice", AuthOutcome::Locked));
+                m.blocked(user, user == "alice", "10.0.0.1".parse().unwrap());
+            }
+            m.save().unwrap();
+        });
+        let keys = keys.0.lock().unwrap();
+        let names: std::collections::HashSet<&str> = keys.iter().map(|k| k.name()).collect();
+        for expected in [
+            "usher_auth_mon_attempts_total",
+            "usher_auth_mon_blocked_total",
+            "usher_auth_mon_lockouts_total",
+            "usher_auth_mon_evictions_total",
+            "usher_auth_mon_entries",
+            "usher_auth_mon_state_saves_total",
+        ] {
+            assert!(names.contains(expected), "{expected} in {names:?}");
+        }
+        for key in keys.iter() {
+            for label in key.labels() {
+                let v = label.value();
+                assert!(
+                    !v.contains("mallory") && !v.contains("alice") && !v.contains("10.0.0"),
+                    "{key:?}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn lockout_errors_say_why_and_until_when() {
         let dir = tempfile::tempdir().unwrap();

@@ -238,13 +238,16 @@ impl App {
     fn start_background(&self) {
         let s = &self.lua_services;
         if s.query.configured() {
-            // Warm the role graph now, so the first logins do not wait for it.
-            let (roles, query) = (s.roles.clone(), s.query.clone());
-            tokio::spawn(async move {
-                if let Err(e) = roles.refresh(&query).await {
-                    tracing::warn!(error = %e, "could not read the role graph");
-                }
-            });
+            if self.builtins.uses_roles() {
+                // Warm the role graph now, so the first logins do not wait
+                // for it (Lua hooks alone load it at first use).
+                let (roles, query) = (s.roles.clone(), s.query.clone());
+                tokio::spawn(async move {
+                    if let Err(e) = roles.refresh(&query).await {
+                        tracing::warn!(error = %e, "could not read the role graph");
+                    }
+                });
+            }
             s.roles.spawn_refresher(
                 s.query.clone(),
                 Duration::from_secs_f64(self.config.hooks.roles_refresh_s),

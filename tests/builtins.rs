@@ -433,6 +433,61 @@ async fn a_grant_or_revoke_changes_who_is_blocked_after_the_next_refresh() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renamed_role_keeps_its_row_and_a_dropped_one_is_marked_deleted() {
+    let pg = PgCluster::shared();
+    pg.psql_super("DROP ROLE IF EXISTS builtin_renamed");
+    pg.psql_super("DROP ROLE IF EXISTS builtin_temp");
+    pg.psql_super("CREATE ROLE builtin_temp LOGIN PASSWORD 'temp-pw'");
+    let oid = pg.psql_super("SELECT oid FROM pg_roles WHERE rolname = 'builtin_temp'");
+    let usher = Usher::start(
+        pg,
+        &format!(
+            "auth_monitor: {{}}\n{}",
+            hooks_with_query("tests/no-hooks", 0.2)
+        ),
+    )
+    .await;
+    let roles = usher.app.lua_services.roles.clone();
+    let until_graph = |role: &'static str, present: bool| {
+        let roles = roles.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while roles.snapshot().oid(role).is_some() != present {
+                assert!(Instant::now() < deadline, "{role} present: {present}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    until_graph("builtin_temp", true).await;
+    // Not in usher's users: refused, but the server knows the role, so it
+    // gets a row of its own, keyed by its oid.
+    refused(&usher, &usher.conn_str("builtin_temp", "temp-pw")).await;
+    pg.psql_super("ALTER ROLE builtin_temp RENAME TO builtin_renamed");
+    until_graph("builtin_renamed", true).await;
+    let rows = console(&usher, "SHOW AUTH_MON").await;
+    let r = row(&rows, "uid", &oid);
+    assert_eq!(get(r, "rolname"), Some("builtin_renamed"), "{r:?}");
+    assert_eq!(get(r, "login_name_at_last_attempt"), Some("builtin_temp"));
+    assert_eq!(get(r, "other_auth_failures"), Some("1"));
+    refused(&usher, &usher.conn_str("builtin_renamed", "temp-pw")).await;
+    let rows = console(&usher, "SHOW AUTH_MON").await;
+    assert_eq!(
+        get(row(&rows, "uid", &oid), "other_auth_failures"),
+        Some("2")
+    );
+
+    pg.psql_super("DROP ROLE builtin_renamed");
+    until_graph("builtin_renamed", false).await;
+    let rows = console(&usher, "SHOW AUTH_MON").await;
+    let r = row(&rows, "uid", &oid);
+    assert_eq!(
+        (get(r, "deleted"), get(r, "rolname")),
+        (Some("t"), Some("builtin_renamed")),
+        "named by its last attempt"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn maintenance_mode_admits_only_members_and_the_switch_turns_blocking_off() {
     let pg = PgCluster::shared();
     create_role(pg, "builtin_admins");

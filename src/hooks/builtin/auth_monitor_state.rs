@@ -235,8 +235,9 @@ impl State {
                     });
                 }
             } else {
-                // The aggregate row keeps no lock: locks are per name.
-                count(&mut self.unknown, "", a, None);
+                // The aggregate row keeps no lock: locks are per name. Its
+                // login_name_at_last_attempt is the last unknown name tried.
+                count(&mut self.unknown, user, a, None);
                 if let Some(row) = self.name_row(user, a.now, limits, &mut fx) {
                     row.attempts += 1;
                     row.last_attempt_ts = a.now;

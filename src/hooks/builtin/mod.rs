@@ -71,6 +71,12 @@ impl Builtins {
         hooks
     }
 
+    /// True when a built-in reads the role graph (membership rules,
+    /// maintenance mode, the auth monitor's oids).
+    pub fn uses_roles(&self) -> bool {
+        self.auth_monitor.is_some() || self.blocking.uses_roles()
+    }
+
     /// Background work: the state file's periodic writes.
     pub fn start(&self, shutdown: watch::Receiver<bool>) {
         if let Some(m) = &self.auth_monitor {

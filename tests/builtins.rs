@@ -493,7 +493,6 @@ async fn maintenance_mode_admits_only_members_and_the_switch_turns_blocking_off(
     create_role(pg, "builtin_admins");
     pg.psql_super("GRANT builtin_admins TO alice");
     let usher = Usher::start(pg, &hooks_with_query("tests/no-hooks", 30.0)).await;
-    wait_until_warm(&usher).await;
     // Nothing to check yet: the blocking hook is not even in the list.
     assert!(console(&usher, "SHOW HOOKS").await.is_empty());
     let e = console_at(usher.addr.port(), "MAINTENANCE ON no_such_role")

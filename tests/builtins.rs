@@ -542,3 +542,33 @@ async fn maintenance_mode_admits_only_members_and_the_switch_turns_blocking_off(
     let (code, _) = refused(&usher, &usher.conn_str("alice", ALICE_PASSWORD)).await;
     assert_eq!(code, "28000");
 }
+
+#[test]
+fn hooks_try_shows_what_the_blocking_rules_decide() {
+    let pg = PgCluster::shared();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("usher.yaml");
+    std::fs::write(
+        &config,
+        common::usher_yaml(
+            pg,
+            "blocking:\n  rules:\n    - { name: no-batch, action: deny, application_names: \"*batch*\", message: no batches by day }\n",
+        ),
+    )
+    .unwrap();
+    let try_client = |app: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_usher"))
+            .args(["--config", config.to_str().unwrap()])
+            .args(["hooks", "try", "client_connection", "--user", "alice"])
+            .args(["--application-name", app])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let text = try_client("nightly-batch");
+    assert!(
+        text.contains("decision: reject by blocking (28000): no batches by day"),
+        "{text}"
+    );
+    assert!(try_client("psql").contains("decision: allow"));
+}

@@ -47,11 +47,23 @@ impl Builtins {
                 key,
                 message,
             })?;
-        let auth_monitor = config
-            .auth_monitor
-            .as_ref()
-            .filter(|m| m.enabled)
-            .map(|m| Arc::new(AuthMonitor::new(m, roles.clone())));
+        let monitor_config = config.auth_monitor.as_ref().filter(|m| m.enabled);
+        // A state file that can never be written would lose the counters
+        // silently at every restart: say so now.
+        if let Some(path) = monitor_config.and_then(|m| m.state_file.as_ref()) {
+            let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+            if dir.is_some_and(|d| !d.is_dir()) || path.is_dir() {
+                return Err(ConfigError {
+                    file: config.source.clone(),
+                    key: "auth_monitor.state_file".into(),
+                    message: format!(
+                        "expected a file in an existing directory, got `{}`",
+                        path.display()
+                    ),
+                });
+            }
+        }
+        let auth_monitor = monitor_config.map(|m| Arc::new(AuthMonitor::new(m, roles.clone())));
         Ok(Builtins {
             auth_monitor,
             blocking: Arc::new(blocking),
@@ -136,6 +148,22 @@ pub fn timestamp(ms: Millis) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_state_file_in_a_missing_directory_is_a_config_error() {
+        let config = Config::from_yaml(
+            "auth_monitor: { state_file: /nonexistent/dir/mon.json }\n",
+            "s.yaml",
+        )
+        .unwrap();
+        let roles = Arc::new(RoleCache::default());
+        let query = Arc::new(QueryPool::new(None, 1, std::time::Duration::from_secs(1)));
+        let e = Builtins::from_config(&config, &roles, &query).unwrap_err();
+        assert_eq!(e.key, "auth_monitor.state_file");
+        assert!(e
+            .to_string()
+            .starts_with("s.yaml: auth_monitor.state_file: expected"));
+    }
 
     #[test]
     fn timestamps_look_like_postgresql_timestamptz() {

@@ -6,17 +6,19 @@ use crate::auth::{AuthAttempt, Credentials};
 use crate::config::{Config, ConfigError, HbaMethod, OnError};
 use crate::frontend::prepared::StatementRegistry;
 use crate::frontend::registry::ClientRegistry;
+use crate::hooks::builtin::Builtins;
 use crate::hooks::lua::{LoadError, LuaEngine, LuaServices, LuaSettings};
 use crate::hooks::query::QueryPool;
 use crate::hooks::roles::RoleCache;
 use crate::hooks::shared::SharedStore;
 use crate::hooks::{Dispatcher, Hook};
 use crate::pool::Pools;
+use crate::protocol::PgError;
 use crate::tls::{ClientTls, ServerTls};
 use rand::RngCore;
 use std::collections::HashMap;
-use std::net::SocketAddr;
-use std::sync::Arc;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::{broadcast, watch, Semaphore};
@@ -51,8 +53,31 @@ pub struct App {
     /// What Lua hooks reach beyond their VMs (shared store, role graph,
     /// query pool); survives reloads.
     pub lua_services: Arc<LuaServices>,
+    /// The built-in hooks (blocking, auth monitoring), called before the
+    /// Lua hooks.
+    pub builtins: Builtins,
+    /// The Lua hooks last loaded, kept so the built-ins can be put in front
+    /// of them again when one comes or goes (MAINTENANCE ON/OFF).
+    lua_hooks: LuaHooks,
     attempts: broadcast::Sender<AuthAttempt>,
     shutdown: watch::Sender<bool>,
+}
+
+/// The Lua hooks of the running set.
+#[derive(Default)]
+struct LuaHooks(Mutex<Vec<Arc<dyn Hook>>>);
+
+impl std::fmt::Debug for LuaHooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<String> = self
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|h| h.name().to_string())
+            .collect();
+        f.debug_tuple("LuaHooks").field(&names).finish()
+    }
 }
 
 /// How usher was started, beyond the configuration file.
@@ -133,10 +158,13 @@ impl App {
                 Duration::from_millis(h.query.as_ref().map_or(1000, |q| q.timeout_ms)),
             )),
         });
+        let builtins = Builtins::from_config(&config, &lua_services.roles, &lua_services.query)?;
         let source = config.source.clone();
         let app = Arc::new(App {
             hooks: Dispatcher::new(enabled, h.on_error == OnError::Allow),
             lua_services,
+            builtins,
+            lua_hooks: LuaHooks::default(),
             login_slots: Arc::new(Semaphore::new(config.max_auth_clients)),
             config: Arc::new(config),
             credentials,
@@ -153,6 +181,8 @@ impl App {
         match app.reload_hooks() {
             Ok(n) => tracing::info!(files = n, enabled, "hooks loaded"),
             Err(errors) if !enabled => {
+                // The built-ins go in all the same, for when hooks come back on.
+                app.install_hooks(&[]);
                 for e in &errors {
                     tracing::error!(error = %e, "hook file failed to load (hooks are off; fix it and RELOAD)");
                 }
@@ -188,22 +218,85 @@ impl App {
     /// the running set stays. Returns how many files were loaded.
     pub fn reload_hooks(&self) -> Result<usize, Vec<LoadError>> {
         let engine = LuaEngine::load(App::lua_settings(&self.config), self.lua_services.clone())?;
-        let hooks: Vec<Arc<dyn Hook>> = engine.hooks();
         let files = engine.file_names().len();
-        self.hooks.set_hooks(hooks);
+        let mut lua = self.lua_hooks.0.lock().unwrap();
+        *lua = engine.hooks();
+        self.install_hooks(&lua);
         Ok(files)
     }
 
-    /// Starts the background work the app needs (the role graph refresher).
-    /// Needs a tokio runtime.
+    /// Hands the dispatcher the built-ins that have work to do, then the
+    /// Lua hooks.
+    fn install_hooks(&self, lua: &[Arc<dyn Hook>]) {
+        let mut hooks = self.builtins.hooks();
+        hooks.extend(lua.iter().cloned());
+        self.hooks.set_hooks(hooks);
+    }
+
+    /// Starts the background work the app needs (the role graph refresher,
+    /// the auth monitor's state file). Needs a tokio runtime.
     fn start_background(&self) {
         let s = &self.lua_services;
         if s.query.configured() {
+            if self.builtins.uses_roles() {
+                // Warm the role graph now, so the first logins do not wait
+                // for it (Lua hooks alone load it at first use).
+                let (roles, query) = (s.roles.clone(), s.query.clone());
+                tokio::spawn(async move {
+                    if let Err(e) = roles.refresh(&query).await {
+                        tracing::warn!(error = %e, "could not read the role graph");
+                    }
+                });
+            }
             s.roles.spawn_refresher(
                 s.query.clone(),
                 Duration::from_secs_f64(self.config.hooks.roles_refresh_s),
             );
         }
+        self.builtins.start(self.shutting_down());
+    }
+
+    /// The auth monitor's lockout, asked before the password is checked:
+    /// the error for a client whose user or address is locked out. Never
+    /// for the admin console (the hook switch must stay reachable), nor
+    /// while hooks are off.
+    pub fn lockout_check(&self, user: &str, database: &str, addr: IpAddr) -> Option<PgError> {
+        let monitor = self.builtins.auth_monitor.as_ref()?;
+        if !monitor.lockout_enabled()
+            || !self.hooks.enabled()
+            || crate::admin::is_admin_database(database)
+        {
+            return None;
+        }
+        let refusal = monitor.lockout_check(user, addr)?;
+        self.hooks
+            .count_reject(crate::hooks::builtin::AuthMonitor::NAME);
+        Some(refusal)
+    }
+
+    /// A hook (built-in or Lua) refused a client after it authenticated:
+    /// the auth monitor counts it as a blocked attempt.
+    pub fn client_rejected(&self, user: &str, user_exists: bool, addr: IpAddr) {
+        if let Some(m) = &self.builtins.auth_monitor {
+            m.blocked(user, user_exists, addr);
+        }
+    }
+
+    /// MAINTENANCE ON role / MAINTENANCE OFF (`None`): only members of the
+    /// role get in. Puts the blocking hook in the dispatcher, or takes it
+    /// out when it has nothing left to do.
+    pub async fn set_maintenance(&self, role: Option<&str>) -> Result<bool, PgError> {
+        let blocking = &self.builtins.blocking;
+        let changed = match role {
+            Some(role) => {
+                blocking.maintenance_on(role).await?;
+                true
+            }
+            None => blocking.maintenance_off(),
+        };
+        let lua = self.lua_hooks.0.lock().unwrap();
+        self.install_hooks(&lua);
+        Ok(changed)
     }
 
     /// Reports an authentication outcome: logged, handed to the
@@ -305,6 +398,7 @@ impl Server {
         for pool in app.pools.all() {
             pool.close_idle();
         }
+        app.builtins.save_state().await;
         tracing::info!("usher stopped");
     }
 }

@@ -526,7 +526,10 @@ end
         pg,
         &format!(
             "{}  query: {{ database: app, user: alice }}\n",
-            hooks.yaml("")
+            // The first usher.query and the role graph each open a connection
+            // (SCRAM in a debug build): more than the default test budget on a
+            // loaded machine.
+            hooks.yaml("timeout_ms: 3000")
         ),
     )
     .await;

@@ -2,10 +2,13 @@
 //! PgBouncer tools work), simple query protocol only.
 //!
 //! `admin.users` may run every command; `admin.stats_users` only SHOW.
+//! Names in commands (`RESET AUTH_MON alice`, `MAINTENANCE ON admins`) are
+//! taken as written; double quotes may surround them.
 
 use crate::app::App;
 use crate::frontend::close_with_error;
 use crate::frontend::stream::ClientStream;
+use crate::hooks::builtin::{AuthMonitor, Table};
 use crate::protocol::error::sqlstate;
 use crate::protocol::messages::{self, read_message};
 use crate::protocol::PgError;
@@ -89,7 +92,7 @@ impl Console {
                 b'Q' => {
                     let sql = String::from_utf8_lossy(&msg.body);
                     let sql = sql.trim_end_matches('\0');
-                    match self.run(sql) {
+                    match self.run(sql).await {
                         Ok(reply) => reply.encode(&mut out),
                         Err(e) => e.encode(&mut out),
                     }
@@ -110,7 +113,7 @@ impl Console {
     }
 
     /// Runs one console command.
-    fn run(&self, sql: &str) -> Result<Reply, PgError> {
+    async fn run(&self, sql: &str) -> Result<Reply, PgError> {
         let words: Vec<String> = sql
             .trim()
             .trim_end_matches(';')
@@ -151,6 +154,40 @@ impl Console {
                     }
                 }
             }
+            ["RESET", "AUTH_MON", rest @ ..] => {
+                self.require_admin()?;
+                let monitor = self.auth_monitor()?;
+                match argument(sql, 2, rest.len()) {
+                    None => {
+                        monitor.reset_all();
+                        tracing::warn!("RESET AUTH_MON: every counter cleared");
+                    }
+                    Some(what) => {
+                        let removed = match what.parse::<std::net::IpAddr>() {
+                            Ok(addr) if !sql.contains('"') => monitor.reset_address(addr),
+                            _ => monitor.reset_role(&what),
+                        };
+                        tracing::warn!(what = %what, removed, "RESET AUTH_MON");
+                    }
+                }
+                Ok(Reply::Command("RESET".into()))
+            }
+            ["MAINTENANCE", "ON", rest @ ..] => {
+                self.require_admin()?;
+                let role = argument(sql, 2, rest.len()).ok_or_else(|| {
+                    PgError::error(
+                        sqlstate::SYNTAX_ERROR,
+                        "MAINTENANCE ON needs a role: MAINTENANCE ON <role>",
+                    )
+                })?;
+                self.app.set_maintenance(Some(&role)).await?;
+                Ok(Reply::Command("MAINTENANCE ON".into()))
+            }
+            ["MAINTENANCE", "OFF"] => {
+                self.require_admin()?;
+                self.app.set_maintenance(None).await?;
+                Ok(Reply::Command("MAINTENANCE OFF".into()))
+            }
             ["SHUTDOWN"] => {
                 self.require_admin()?;
                 self.app.begin_shutdown();
@@ -180,9 +217,14 @@ impl Console {
                 &["command"],
                 [
                     "SHOW HELP|VERSION|POOLS|HOOKS",
+                    "SHOW AUTH_MON|AUTH_MON_UNKNOWN|AUTH_MON_ADDRS",
+                    "SHOW BLOCKING",
                     "ENABLE HOOKS",
                     "DISABLE HOOKS",
                     "RELOAD",
+                    "RESET AUTH_MON [role|address]",
+                    "MAINTENANCE ON <role>",
+                    "MAINTENANCE OFF",
                     "SHUTDOWN",
                 ]
                 .iter()
@@ -195,12 +237,26 @@ impl Console {
             )),
             "POOLS" => Ok(self.show_pools()),
             "HOOKS" => Ok(self.show_hooks()),
+            "AUTH_MON" => Ok(self.auth_monitor()?.show_roles().into()),
+            "AUTH_MON_UNKNOWN" => Ok(self.auth_monitor()?.show_unknown().into()),
+            "AUTH_MON_ADDRS" => Ok(self.auth_monitor()?.show_addresses().into()),
+            "BLOCKING" => Ok(self.app.builtins.blocking.show().into()),
             other => Err(PgError::error(
                 sqlstate::SYNTAX_ERROR,
                 format!("unknown SHOW item: {other}"),
             )
             .with_hint("SHOW HELP lists the commands")),
         }
+    }
+
+    fn auth_monitor(&self) -> Result<&AuthMonitor, PgError> {
+        self.app.builtins.auth_monitor.as_deref().ok_or_else(|| {
+            PgError::error(
+                sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE,
+                "auth monitoring is off",
+            )
+            .with_hint("configure auth_monitor (README: Auth monitoring)")
+        })
     }
 
     fn show_hooks(&self) -> Reply {
@@ -291,6 +347,26 @@ impl Console {
     }
 }
 
+/// The name after the first `skip` words of a command, as written (quotes
+/// removed), when the command has `count` (0 or 1) more words.
+fn argument(sql: &str, skip: usize, count: usize) -> Option<String> {
+    if count == 0 {
+        return None;
+    }
+    let mut rest = sql.trim().trim_end_matches(';').trim_start();
+    for _ in 0..skip {
+        rest = rest
+            .trim_start()
+            .split_once(char::is_whitespace)
+            .map_or("", |(_, r)| r);
+    }
+    let rest = rest.trim();
+    match rest.strip_prefix('"').and_then(|r| r.strip_suffix('"')) {
+        Some(quoted) => Some(quoted.replace("\"\"", "\"")),
+        None => Some(rest.to_string()),
+    }
+}
+
 /// The answer to one console command.
 enum Reply {
     Empty,
@@ -299,6 +375,15 @@ enum Reply {
         columns: Vec<&'static str>,
         rows: Vec<Vec<Option<String>>>,
     },
+}
+
+impl From<Table> for Reply {
+    fn from(t: Table) -> Reply {
+        Reply::Rows {
+            columns: t.columns,
+            rows: t.rows,
+        }
+    }
 }
 
 impl Reply {

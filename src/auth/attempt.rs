@@ -16,6 +16,9 @@ pub enum AuthOutcome {
     ProtocolError,
     /// Refused before authentication (too many clients, unknown database).
     Refused,
+    /// Refused before authentication by the auth monitor's lockout (too
+    /// many failures of the user or from the address).
+    Locked,
 }
 
 impl AuthOutcome {
@@ -29,6 +32,7 @@ impl AuthOutcome {
             AuthOutcome::Timeout => "timeout",
             AuthOutcome::ProtocolError => "protocol_error",
             AuthOutcome::Refused => "refused",
+            AuthOutcome::Locked => "locked",
         }
     }
 }

@@ -5,8 +5,13 @@
 //! Unknown keys are errors (`deny_unknown_fields` everywhere). The keys of
 //! TLS, credential sources and HBA rules live in [`security`].
 
+pub mod builtins;
 pub mod security;
 
+pub use builtins::{
+    AuthMonitorConfig, BlockAction, BlockRuleConfig, BlockingConfig, LockoutConfig,
+    MaintenanceConfig,
+};
 pub use security::{HbaMethod, HbaRuleConfig, HbaType, ServerTlsMode, TlsConfig, TlsMode};
 
 use serde::Deserialize;
@@ -144,6 +149,11 @@ pub struct Config {
     pub hooks: HooksConfig,
     #[serde(default)]
     pub metrics: MetricsConfig,
+    /// Built-in login auditing and lockout; off when absent.
+    pub auth_monitor: Option<AuthMonitorConfig>,
+    /// Built-in connection blocking rules and maintenance mode.
+    #[serde(default)]
+    pub blocking: BlockingConfig,
 }
 
 /// `metrics:`: the Prometheus endpoint.
@@ -603,6 +613,9 @@ impl Config {
                     &format!("expected a user listed under `users`, got `{name}`"),
                 ));
             }
+        }
+        if let Some(m) = &self.auth_monitor {
+            builtins::validate(m, file)?;
         }
         security::validate(self, file)
     }

@@ -188,6 +188,11 @@ async fn login(
         )
         .await;
     }
+    // The lockout is decided before anything about the password: a locked
+    // user's right password is refused too, and the lookup is not even run.
+    if let Some(e) = app.lockout_check(&user, &database, addr.ip()) {
+        return refuse(app, progress, AuthOutcome::Locked, e).await;
+    }
     let lookup = match app.credentials.lookup(&database, &user).await {
         Ok(l) => l,
         Err(e) => {
@@ -280,6 +285,7 @@ async fn login(
         app.hooks.client_connection(&mut ctx).await;
         if let Some(r) = ctx.reject {
             tracing::info!(user = %client.user, database = %client.database, addr = %addr, hook = %r.hook, sqlstate = %r.sqlstate, "client rejected by hook");
+            app.client_rejected(&client.user, progress.user_exists, addr.ip());
             let mut e = PgError::fatal(&r.sqlstate, r.message);
             e.detail = r.detail;
             e.hint = r.hint;

@@ -1,10 +1,11 @@
 //! `usher hooks check` and `usher hooks try`: for people writing hooks.
 
+use super::builtin::Blocking;
 use super::lua::{self, LuaServices};
 use super::query::QueryPool;
 use super::roles::RoleCache;
 use super::shared::SharedStore;
-use super::{ClientInfo, ConnectionCtx, Dispatcher, Event, SessionCtx, SessionReason, Vars};
+use super::{ClientInfo, ConnectionCtx, Dispatcher, Event, Hook, SessionCtx, SessionReason, Vars};
 use crate::app::App;
 use crate::config::{Config, PoolMode};
 use clap::Subcommand;
@@ -90,7 +91,8 @@ pub fn run(config: &Config, command: HooksCommand) -> ExitCode {
                 application_name,
                 pool_mode,
             } => {
-                let engine = match lua::LuaEngine::load(settings, services(config)) {
+                let services = services(config);
+                let engine = match lua::LuaEngine::load(settings, services.clone()) {
                     Ok(e) => e,
                     Err(errors) => {
                         for e in errors {
@@ -101,7 +103,22 @@ pub fn run(config: &Config, command: HooksCommand) -> ExitCode {
                 };
                 let dispatcher =
                     Dispatcher::new(true, config.hooks.on_error == crate::config::OnError::Allow);
-                dispatcher.set_hooks(engine.hooks());
+                // The built-in blocking rules run first, as in the pooler.
+                let mut hooks: Vec<Arc<dyn Hook>> = Vec::new();
+                match Blocking::from_config(
+                    &config.blocking,
+                    services.roles.clone(),
+                    services.query.clone(),
+                ) {
+                    Ok(b) if b.active() => hooks.push(Arc::new(b)),
+                    Ok(_) => {}
+                    Err((key, message)) => {
+                        eprintln!("{}: {key}: {message}", config.source);
+                        return ExitCode::from(2);
+                    }
+                }
+                hooks.extend(engine.hooks());
+                dispatcher.set_hooks(hooks);
                 let pool_mode = match pool_mode.as_deref() {
                     Some("session") => PoolMode::Session,
                     Some("transaction") => PoolMode::Transaction,

@@ -253,6 +253,18 @@ impl Dispatcher {
         }
     }
 
+    /// Counts a refusal a hook made outside an event call (the auth
+    /// monitor's lockout, decided before authentication), so SHOW HOOKS
+    /// shows it.
+    pub fn count_reject(&self, hook: &str) {
+        self.stats
+            .entry(hook.to_string())
+            .or_default()
+            .rejects
+            .fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("usher_hook_rejects_total", "hook" => hook.to_string()).increment(1);
+    }
+
     /// Every hook with its counters, in calling order.
     pub fn rows(&self) -> Vec<HookRow> {
         self.set

@@ -14,6 +14,7 @@
 //! | `session_start` | when the session begins and after each reset (client DISCARD ALL; session mode: a reused server connection) | set parameters; session mode: exec SQL |
 //! | `session_end` | the client left | observe |
 
+pub mod builtin;
 pub mod cli;
 pub mod context;
 pub mod dispatcher;

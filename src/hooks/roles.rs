@@ -55,6 +55,11 @@ impl RoleGraph {
     pub fn oid(&self, role: &str) -> Option<u32> {
         self.oids.get(role).copied()
     }
+
+    /// Every role on the server with its oid.
+    pub fn roles(&self) -> impl Iterator<Item = (&str, u32)> {
+        self.oids.iter().map(|(name, oid)| (name.as_str(), *oid))
+    }
 }
 
 /// The cache and its refresher.

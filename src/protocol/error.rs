@@ -20,6 +20,8 @@ pub mod sqlstate {
     pub const SYNTAX_ERROR: &str = "42601";
     pub const INSUFFICIENT_PRIVILEGE: &str = "42501";
     pub const INVALID_PARAMETER_VALUE: &str = "22023";
+    pub const UNDEFINED_OBJECT: &str = "42704";
+    pub const OBJECT_NOT_IN_PREREQUISITE_STATE: &str = "55000";
     pub const INTERNAL_ERROR: &str = "XX000";
 }
 

@@ -32,6 +32,8 @@ const ATTEMPT_BACKLOG: usize = 1024;
 #[derive(Debug)]
 pub struct App {
     pub config: Arc<Config>,
+    /// When the app was built (for per-second averages).
+    pub started: std::time::Instant,
     /// Where user secrets come from: config, auth file, auth query.
     pub credentials: Credentials,
     /// `auth.hba` / `auth.hba_file`; `None`: every client uses `auth.method`.
@@ -167,6 +169,7 @@ impl App {
             lua_hooks: LuaHooks::default(),
             login_slots: Arc::new(Semaphore::new(config.max_auth_clients)),
             config: Arc::new(config),
+            started: std::time::Instant::now(),
             credentials,
             hba,
             client_tls,

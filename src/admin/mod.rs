@@ -5,6 +5,8 @@
 //! Names in commands (`RESET AUTH_MON alice`, `MAINTENANCE ON admins`) are
 //! taken as written; double quotes may surround them.
 
+mod stats;
+
 use crate::app::App;
 use crate::frontend::close_with_error;
 use crate::frontend::stream::ClientStream;
@@ -217,6 +219,7 @@ impl Console {
                 &["command"],
                 [
                     "SHOW HELP|VERSION|POOLS|HOOKS",
+                    "SHOW STATS|STATS_TOTALS|STATS_AVERAGES|DATABASES|USERS|LISTS|CONFIG",
                     "SHOW AUTH_MON|AUTH_MON_UNKNOWN|AUTH_MON_ADDRS",
                     "SHOW BLOCKING",
                     "ENABLE HOOKS",
@@ -236,6 +239,13 @@ impl Console {
                 vec![vec![Some(format!("usher {}", env!("CARGO_PKG_VERSION")))]],
             )),
             "POOLS" => Ok(self.show_pools()),
+            "STATS" => Ok(stats::show_stats(&self.app)),
+            "STATS_TOTALS" => Ok(stats::show_totals(&self.app, false)),
+            "STATS_AVERAGES" => Ok(stats::show_totals(&self.app, true)),
+            "DATABASES" => Ok(stats::show_databases(&self.app)),
+            "USERS" => Ok(stats::show_users(&self.app)),
+            "LISTS" => Ok(stats::show_lists(&self.app)),
+            "CONFIG" => Ok(stats::show_config(&self.app)),
             "HOOKS" => Ok(self.show_hooks()),
             "AUTH_MON" => Ok(self.auth_monitor()?.show_roles().into()),
             "AUTH_MON_UNKNOWN" => Ok(self.auth_monitor()?.show_unknown().into()),

@@ -27,6 +27,7 @@ use crate::protocol::messages::{self, parse_parameter_status};
 use crate::protocol::PgError;
 use bytes::{Buf, BytesMut};
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -69,6 +70,8 @@ enum End {
 /// buffers and walkers of both directions, and what the server still owes.
 struct Link {
     held: Option<Checkout>,
+    /// When the held server connection was checked out.
+    lent_at: Instant,
     /// The client's DISCARD ALL completed; session_start runs again once
     /// nothing is in flight.
     discarded: bool,
@@ -150,6 +153,7 @@ impl Session {
         let max_message = self.app.config.max_message_size;
         let mut link = Link {
             held: None,
+            lent_at: Instant::now(),
             discarded: false,
             flow: Flow::new(),
             plan: ResponsePlan::default(),
@@ -396,8 +400,11 @@ impl Session {
         link: &mut Link,
     ) -> Result<(), End> {
         let rewriting = self.rewriting;
+        let pool = self.pool.clone();
+        let stats = &pool.stats;
         loop {
             let mut stopped_at = None;
+            let mut queries = 0;
             let flow = &mut link.flow;
             let plan = &mut link.plan;
             let walked = link
@@ -411,6 +418,7 @@ impl Session {
                             Visit::StopBefore
                         }
                         b'Q' | b'S' | b'F' => {
+                            queries += u64::from(tag == b'Q');
                             flow.pending += 1;
                             flow.unsynced = false;
                             plan.sync_sent();
@@ -425,6 +433,7 @@ impl Session {
                         }
                         _ => {
                             flow.unsynced = true;
+                            queries += u64::from(tag == b'E');
                             if rewriting && matches!(tag, b'P' | b'C') {
                                 plan.passed(); // its ParseComplete/CloseComplete goes to the client
                             }
@@ -433,10 +442,15 @@ impl Session {
                     },
                 )
                 .map_err(End::Error)?;
+            stats.queries.fetch_add(queries, Ordering::Relaxed);
+            stats
+                .received
+                .fetch_add(walked.forward as u64, Ordering::Relaxed);
             let rewrite = stopped_at.filter(|t| *t != b'X');
             if (walked.forward > 0 || rewrite.is_some()) && link.held.is_none() {
                 let checkout = self.begin_transaction(client).await.map_err(End::Error)?;
                 link.held = Some(checkout);
+                link.lent_at = Instant::now();
                 link.out_buf.reserve(BUFFER_SIZE);
             }
             if walked.forward > 0 {
@@ -461,6 +475,9 @@ impl Session {
                     .rewrite(tag, &message[5..], &mut out)
                     .map_err(End::Error)?;
                     link.flow.unsynced = true;
+                    stats
+                        .received
+                        .fetch_add(message.len() as u64, Ordering::Relaxed);
                     write_server(link.server(), &out).await?;
                 }
             }
@@ -552,6 +569,10 @@ impl Session {
             link.discarded |= discarded;
             if walked.forward > 0 {
                 let chunk = link.out_buf.split_to(walked.forward);
+                self.pool
+                    .stats
+                    .sent
+                    .fetch_add(chunk.len() as u64, Ordering::Relaxed);
                 client
                     .write_all(&chunk)
                     .await
@@ -581,6 +602,8 @@ impl Session {
     async fn end_transaction(&mut self, client: &mut ClientStream, link: &mut Link) {
         let checkout = link.held.take().expect("a server connection is held");
         self.handle.set_server(None);
+        let lent = link.lent_at.elapsed().as_micros() as u64;
+        self.pool.stats.xact_us.fetch_add(lent, Ordering::Relaxed);
         if link.out_buf.is_empty() {
             self.pool.checkin(checkout);
         } else {

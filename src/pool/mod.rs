@@ -32,6 +32,14 @@ pub struct PoolStats {
     pub active: AtomicUsize,
     /// Total microseconds clients waited for a server connection.
     pub wait_us: AtomicU64,
+    /// Queries (simple Query and extended Execute messages) clients sent.
+    pub queries: AtomicU64,
+    /// Bytes from clients to servers, and from servers to clients.
+    pub received: AtomicU64,
+    pub sent: AtomicU64,
+    /// Total microseconds server connections spent lent for a transaction
+    /// (transaction mode).
+    pub xact_us: AtomicU64,
 }
 
 /// Server connections for one (database, user).
@@ -91,6 +99,10 @@ impl PoolStats {
             waiting: AtomicUsize::new(0),
             active: AtomicUsize::new(0),
             wait_us: AtomicU64::new(0),
+            queries: AtomicU64::new(0),
+            received: AtomicU64::new(0),
+            sent: AtomicU64::new(0),
+            xact_us: AtomicU64::new(0),
         }
     }
 

@@ -1,0 +1,411 @@
+//! PgBouncer's statistics and listing commands, with its column names and
+//! order (see ../shared/REFERENCE.md), from usher's per-pool counters.
+//!
+//! usher keeps counters per (database, user) pool; PgBouncer's SHOW STATS is
+//! per database, so pools are summed by database. Times are microseconds.
+//! Counters usher does not keep (server-side parse counts, query time
+//! separate from transaction time) are reported as 0.
+
+use super::Reply;
+use crate::app::App;
+use crate::pool::Pool;
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+/// Per-database sums of the pools' counters.
+#[derive(Default, Clone, Copy)]
+struct Totals {
+    assignments: u64,
+    xacts: u64,
+    queries: u64,
+    received: u64,
+    sent: u64,
+    xact_us: u64,
+    wait_us: u64,
+}
+
+fn totals_by_database(app: &App) -> BTreeMap<String, Totals> {
+    let mut by_db: BTreeMap<String, Totals> = app
+        .config
+        .databases
+        .keys()
+        .map(|d| (d.clone(), Totals::default()))
+        .collect();
+    for p in app.pools.all() {
+        let t = by_db.entry(p.database.clone()).or_default();
+        let s = &p.stats;
+        t.assignments += s.checkouts.load(Relaxed);
+        t.xacts += s.transactions.load(Relaxed);
+        t.queries += s.queries.load(Relaxed);
+        t.received += s.received.load(Relaxed);
+        t.sent += s.sent.load(Relaxed);
+        t.xact_us += s.xact_us.load(Relaxed);
+        t.wait_us += s.wait_us.load(Relaxed);
+    }
+    by_db
+}
+
+fn n(v: impl ToString) -> Option<String> {
+    Some(v.to_string())
+}
+
+/// Per-second rate over usher's uptime.
+fn per_sec(v: u64, app: &App) -> u64 {
+    let secs = app.started.elapsed().as_secs().max(1);
+    v / secs
+}
+
+/// Average per transaction (times), or 0.
+fn avg(v: u64, count: u64) -> u64 {
+    v.checked_div(count).unwrap_or(0)
+}
+
+pub(super) fn show_stats(app: &App) -> Reply {
+    let columns = [
+        "database",
+        "total_server_assignment_count",
+        "total_xact_count",
+        "total_query_count",
+        "total_received",
+        "total_sent",
+        "total_xact_time",
+        "total_query_time",
+        "total_wait_time",
+        "total_client_parse_count",
+        "total_server_parse_count",
+        "total_bind_count",
+        "avg_server_assignment_count",
+        "avg_xact_count",
+        "avg_query_count",
+        "avg_recv",
+        "avg_sent",
+        "avg_xact_time",
+        "avg_query_time",
+        "avg_wait_time",
+        "avg_client_parse_count",
+        "avg_server_parse_count",
+        "avg_bind_count",
+    ];
+    let rows = totals_by_database(app)
+        .into_iter()
+        .map(|(db, t)| {
+            vec![
+                Some(db),
+                n(t.assignments),
+                n(t.xacts),
+                n(t.queries),
+                n(t.received),
+                n(t.sent),
+                n(t.xact_us),
+                n(t.xact_us),
+                n(t.wait_us),
+                n(0),
+                n(0),
+                n(0),
+                n(per_sec(t.assignments, app)),
+                n(per_sec(t.xacts, app)),
+                n(per_sec(t.queries, app)),
+                n(per_sec(t.received, app)),
+                n(per_sec(t.sent, app)),
+                n(avg(t.xact_us, t.xacts)),
+                n(avg(t.xact_us, t.queries)),
+                n(avg(t.wait_us, t.assignments)),
+                n(0),
+                n(0),
+                n(0),
+            ]
+        })
+        .collect();
+    Reply::rows(&columns, rows)
+}
+
+/// SHOW STATS_TOTALS, or (averages) STATS_AVERAGES: per second over uptime.
+pub(super) fn show_totals(app: &App, averages: bool) -> Reply {
+    let columns = [
+        "database",
+        "server_assignment_count",
+        "xact_count",
+        "query_count",
+        "bytes_received",
+        "bytes_sent",
+        "xact_time",
+        "query_time",
+        "wait_time",
+        "client_parse_count",
+        "server_parse_count",
+        "bind_count",
+    ];
+    let f = |v: u64| if averages { per_sec(v, app) } else { v };
+    let rows = totals_by_database(app)
+        .into_iter()
+        .map(|(db, t)| {
+            let mut row = vec![Some(db)];
+            row.extend(
+                [
+                    t.assignments,
+                    t.xacts,
+                    t.queries,
+                    t.received,
+                    t.sent,
+                    t.xact_us,
+                    t.xact_us,
+                    t.wait_us,
+                    0,
+                    0,
+                    0,
+                ]
+                .map(|v| n(f(v))),
+            );
+            row
+        })
+        .collect();
+    Reply::rows(&columns, rows)
+}
+
+fn pools_of<'a>(
+    pools: &'a [Arc<Pool>],
+    f: impl Fn(&Pool) -> bool + 'a,
+) -> impl Iterator<Item = &'a Arc<Pool>> + 'a {
+    pools.iter().filter(move |p| f(p))
+}
+
+pub(super) fn show_databases(app: &App) -> Reply {
+    let columns = [
+        "name",
+        "host",
+        "port",
+        "database",
+        "force_user",
+        "pool_size",
+        "min_pool_size",
+        "reserve_pool_size",
+        "server_lifetime",
+        "pool_mode",
+        "load_balance_hosts",
+        "max_connections",
+        "current_connections",
+        "max_client_connections",
+        "current_client_connections",
+        "paused",
+        "disabled",
+    ];
+    let pools = app.pools.all();
+    let rows = app
+        .config
+        .databases
+        .iter()
+        .map(|(name, db)| {
+            let limits = app.config.limits_for(name, "");
+            let connections: usize = pools_of(&pools, |p| &p.database == name)
+                .map(|p| p.idle_count() + p.stats.active.load(Relaxed))
+                .sum();
+            vec![
+                Some(name.clone()),
+                Some(db.host.clone()),
+                n(db.port),
+                Some(db.server_dbname(name).to_string()),
+                None,
+                n(limits.size),
+                n(limits.min_size),
+                n(0),
+                n(limits.server_lifetime.map_or(0, |d| d.as_secs())),
+                Some(limits.mode.to_string()),
+                None,
+                n(0),
+                n(connections),
+                n(app.config.max_client_conn),
+                n(app.clients.connected()),
+                n(0),
+                n(0),
+            ]
+        })
+        .collect();
+    Reply::rows(&columns, rows)
+}
+
+pub(super) fn show_users(app: &App) -> Reply {
+    let columns = [
+        "name",
+        "pool_size",
+        "reserve_pool_size",
+        "pool_mode",
+        "max_user_connections",
+        "current_connections",
+        "max_user_client_connections",
+        "current_client_connections",
+    ];
+    let pools = app.pools.all();
+    let rows = app
+        .config
+        .users
+        .iter()
+        .map(|(name, u)| {
+            let connections: usize = pools_of(&pools, |p| &p.user == name)
+                .map(|p| p.idle_count() + p.stats.active.load(Relaxed))
+                .sum();
+            vec![
+                Some(name.clone()),
+                u.pool_size.map(|v| v.to_string()),
+                n(0),
+                u.pool_mode.map(|m| m.to_string()),
+                n(0),
+                n(connections),
+                n(0),
+                n(0),
+            ]
+        })
+        .collect();
+    Reply::rows(&columns, rows)
+}
+
+pub(super) fn show_lists(app: &App) -> Reply {
+    let pools = app.pools.all();
+    let idle: usize = pools.iter().map(|p| p.idle_count()).sum();
+    let used: usize = pools.iter().map(|p| p.stats.active.load(Relaxed)).sum();
+    let rows = [
+        ("databases", app.config.databases.len()),
+        ("users", app.config.users.len()),
+        ("pools", pools.len()),
+        ("used_clients", app.clients.connected()),
+        ("free_servers", idle),
+        ("used_servers", used),
+    ]
+    .into_iter()
+    .map(|(list, items)| vec![Some(list.to_string()), n(items)])
+    .collect();
+    Reply::rows(&["list", "items"], rows)
+}
+
+pub(super) fn show_config(app: &App) -> Reply {
+    let c = &app.config;
+    let yes = |b: bool| Some(if b { "yes" } else { "no" }.to_string());
+    let rows: Vec<(&str, String, &str, bool)> = vec![
+        ("listen", c.listen.to_string(), "127.0.0.1:6432", false),
+        (
+            "max_client_conn",
+            c.max_client_conn.to_string(),
+            "10000",
+            false,
+        ),
+        (
+            "max_auth_clients",
+            c.max_auth_clients.to_string(),
+            "1000",
+            false,
+        ),
+        ("pool_mode", c.pool_mode.to_string(), "transaction", false),
+        ("pool_size", c.pool_size.to_string(), "20", false),
+        ("min_pool_size", c.min_pool_size.to_string(), "0", false),
+        (
+            "server_reset_query",
+            c.server_reset_query.clone(),
+            "DISCARD ALL",
+            false,
+        ),
+        (
+            "query_wait_timeout",
+            c.query_wait_timeout.to_string(),
+            "120",
+            false,
+        ),
+        (
+            "server_connect_timeout",
+            c.server_connect_timeout.to_string(),
+            "15",
+            false,
+        ),
+        (
+            "client_idle_timeout",
+            c.client_idle_timeout.to_string(),
+            "0",
+            false,
+        ),
+        (
+            "idle_transaction_timeout",
+            c.idle_transaction_timeout.to_string(),
+            "0",
+            false,
+        ),
+        (
+            "server_idle_timeout",
+            c.server_idle_timeout.to_string(),
+            "600",
+            false,
+        ),
+        (
+            "server_lifetime",
+            c.server_lifetime.to_string(),
+            "3600",
+            false,
+        ),
+        (
+            "server_check_delay",
+            c.server_check_delay.to_string(),
+            "30",
+            false,
+        ),
+        ("auth_timeout", c.auth_timeout.to_string(), "60", false),
+        (
+            "shutdown_timeout",
+            c.shutdown_timeout.to_string(),
+            "30",
+            false,
+        ),
+        (
+            "max_message_size",
+            c.max_message_size.to_string(),
+            "268435456",
+            false,
+        ),
+        (
+            "prepared_statements",
+            c.prepared_statements.to_string(),
+            "200",
+            false,
+        ),
+        (
+            "auth.method",
+            c.auth.method.to_string(),
+            "scram-sha-256",
+            false,
+        ),
+        (
+            "hooks.enabled",
+            app.hooks.enabled().to_string(),
+            "true",
+            true,
+        ),
+        (
+            "hooks.dir",
+            c.hooks.dir.display().to_string(),
+            "hooks",
+            true,
+        ),
+        (
+            "hooks.timeout_ms",
+            c.hooks.timeout_ms.to_string(),
+            "100",
+            false,
+        ),
+        (
+            "hooks.memory_limit_mb",
+            c.hooks.memory_limit_mb.to_string(),
+            "32",
+            false,
+        ),
+        ("log.level", c.log.level.clone(), "info", false),
+    ];
+    let rows = rows
+        .into_iter()
+        .map(|(k, v, d, changeable)| {
+            vec![
+                Some(k.to_string()),
+                Some(v),
+                Some(d.to_string()),
+                yes(changeable),
+            ]
+        })
+        .collect();
+    Reply::rows(&["key", "value", "default", "changeable"], rows)
+}

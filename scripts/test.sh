@@ -6,6 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/pg-env.sh
 ensure_postgres_installed
-# Integration tests start clusters and subprocesses; two test binaries at a
-# time suits a 2-core machine.
-cargo test --all-targets -- --test-threads="${USHER_TEST_THREADS:-4}"
+# Integration tests start clusters and subprocesses; four tests at a time
+# in each test binary suits a 2-core machine.
+cargo test --lib --bins --tests -- --test-threads="${USHER_TEST_THREADS:-4}"
+# The criterion benchmarks, run once each as tests (they take no libtest flags).
+cargo test --benches

@@ -23,16 +23,27 @@ async fn cancel_reaches_the_right_backend_in_both_modes() {
                 .map(|_| ())
         });
         let started = Instant::now();
+        // Cancel once the query runs on the server: a cancel that arrives
+        // while the client is between transactions rightly does nothing.
         let canceller = tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            let running = "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(30)' AND state = 'active'";
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while tokio::task::spawn_blocking(move || PgCluster::shared().psql_super(running))
+                .await
+                .unwrap()
+                != "1"
+            {
+                assert!(Instant::now() < deadline, "the query never started");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
             token.cancel_query(tokio_postgres::NoTls).await.unwrap();
         });
         let e = sleeper
-            .query_one("SELECT pg_sleep(30)::text", &[])
+            .simple_query("SELECT pg_sleep(30)")
             .await
             .unwrap_err();
         assert_eq!(sqlstate(&e).as_deref(), Some("57014"), "{mode}: {e:?}");
-        assert!(started.elapsed() < Duration::from_secs(10));
+        assert!(started.elapsed() < Duration::from_secs(15));
         canceller.await.unwrap();
         bystander_sleep
             .await

@@ -61,8 +61,6 @@ pub struct Pool {
 #[derive(Debug)]
 pub struct Checkout {
     pub conn: ServerConn,
-    /// True when the connection was opened for this checkout.
-    pub fresh: bool,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -214,7 +212,6 @@ impl Pool {
                 self.stats.active(1);
                 return Ok(Checkout {
                     conn,
-                    fresh: false,
                     _permit: permit,
                 });
             }
@@ -225,7 +222,6 @@ impl Pool {
         self.stats.active(1);
         Ok(Checkout {
             conn,
-            fresh: true,
             _permit: permit,
         })
     }

@@ -3,41 +3,11 @@
 
 mod common;
 
+use common::wire::{read_error, startup_packet};
 use common::{sqlstate, PgCluster, Usher, ALICE_PASSWORD};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-/// Reads what usher answers until it closes, and returns the ErrorResponse
-/// fields (code → value) of the first error in it.
-async fn read_error(stream: &mut TcpStream) -> std::collections::HashMap<char, String> {
-    let mut buf = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut buf)).await;
-    let pos = buf
-        .iter()
-        .position(|b| *b == b'E')
-        .unwrap_or_else(|| panic!("no ErrorResponse in {buf:?}"));
-    let len = u32::from_be_bytes(buf[pos + 1..pos + 5].try_into().unwrap()) as usize;
-    let body = &buf[pos + 5..pos + 1 + len];
-    body.split(|b| *b == 0)
-        .filter(|f| !f.is_empty())
-        .map(|f| (f[0] as char, String::from_utf8_lossy(&f[1..]).into_owned()))
-        .collect()
-}
-
-fn startup_packet(params: &[(&str, &str)]) -> Vec<u8> {
-    let mut body = 196608u32.to_be_bytes().to_vec();
-    for (k, v) in params {
-        body.extend_from_slice(k.as_bytes());
-        body.push(0);
-        body.extend_from_slice(v.as_bytes());
-        body.push(0);
-    }
-    body.push(0);
-    let mut p = ((body.len() + 4) as u32).to_be_bytes().to_vec();
-    p.extend(body);
-    p
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_client_auth_method_logs_in_and_refuses_a_wrong_password() {

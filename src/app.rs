@@ -15,6 +15,7 @@ use crate::hooks::{Dispatcher, Hook};
 use crate::pool::Pools;
 use crate::protocol::PgError;
 use crate::tls::{ClientTls, ServerTls};
+use arc_swap::ArcSwap;
 use rand::RngCore;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -27,13 +28,11 @@ use tokio::sync::{broadcast, watch, Semaphore};
 /// misses some.
 const ATTEMPT_BACKLOG: usize = 1024;
 
-/// Everything client tasks share. Read-mostly; nothing here is locked on the
-/// forwarding path.
+/// What the configuration file decides, built from it as a whole and
+/// swapped as a whole on reload, so a login reads one consistent snapshot.
 #[derive(Debug)]
-pub struct App {
+pub struct Configured {
     pub config: Arc<Config>,
-    /// When the app was built (for per-second averages).
-    pub started: std::time::Instant,
     /// Where user secrets come from: config, auth file, auth query.
     pub credentials: Credentials,
     /// `auth.hba` / `auth.hba_file`; `None`: every client uses `auth.method`.
@@ -42,6 +41,16 @@ pub struct App {
     pub client_tls: Option<ClientTls>,
     /// TLS towards each database's server.
     pub server_tls: HashMap<String, ServerTls>,
+}
+
+/// Everything client tasks share. Read-mostly; nothing here is locked on the
+/// forwarding path.
+#[derive(Debug)]
+pub struct App {
+    /// The configuration and what was built from it; replaced by a reload.
+    configured: ArcSwap<Configured>,
+    /// When the app was built (for per-second averages).
+    pub started: std::time::Instant,
     pub pools: Pools,
     pub clients: Arc<ClientRegistry>,
     /// Server-side names of prepared statements, shared by all clients.
@@ -62,7 +71,23 @@ pub struct App {
     /// of them again when one comes or goes (MAINTENANCE ON/OFF).
     lua_hooks: LuaHooks,
     attempts: broadcast::Sender<AuthAttempt>,
+    /// Shutdown has begun: stop accepting (both modes).
     shutdown: watch::Sender<bool>,
+    /// End each client at its next moment between transactions
+    /// (SHUTDOWN / SIGINT at once; SIGTERM once shutdown_timeout passes).
+    drain: watch::Sender<bool>,
+}
+
+/// How a shutdown treats the clients already connected (PgBouncer's
+/// SHUTDOWN WAIT_FOR_CLIENTS and WAIT_FOR_SERVERS).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShutdownMode {
+    /// Clients keep working until they leave; after `shutdown_timeout` the
+    /// rest are ended between transactions (SIGTERM).
+    WaitForClients,
+    /// Each client is ended as soon as it holds no server connection
+    /// (SIGINT, the console's SHUTDOWN).
+    WaitForServers,
 }
 
 /// The Lua hooks of the running set.
@@ -79,6 +104,34 @@ impl std::fmt::Debug for LuaHooks {
             .map(|h| h.name().to_string())
             .collect();
         f.debug_tuple("LuaHooks").field(&names).finish()
+    }
+}
+
+/// What a successful reload did.
+#[derive(Debug, Default)]
+pub struct ReloadReport {
+    /// Hook files loaded.
+    pub hook_files: usize,
+    /// Keys whose new value needs a restart; their old value stays.
+    pub restart_needed: Vec<&'static str>,
+}
+
+/// Why a reload was refused; the running configuration and hooks stay.
+#[derive(Debug)]
+pub enum ReloadError {
+    Config(ConfigError),
+    Hooks(Vec<LoadError>),
+}
+
+impl std::fmt::Display for ReloadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReloadError::Config(e) => write!(f, "{e}"),
+            ReloadError::Hooks(errors) => {
+                let list: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+                write!(f, "{}", list.join("\n"))
+            }
+        }
     }
 }
 
@@ -101,6 +154,169 @@ impl App {
     /// (the recovery path): then they are logged, and RELOAD brings them in
     /// once fixed.
     pub fn with_options(config: Config, options: StartOptions) -> Result<Arc<App>, ConfigError> {
+        let configured = Configured::build(config)?;
+        let config = configured.config.clone();
+        let mut mock_key = [0u8; 32];
+        rand::thread_rng().fill_bytes(&mut mock_key);
+        let h = &config.hooks;
+        let enabled = h.enabled && !options.hooks_off;
+        let lua_services = Arc::new(LuaServices {
+            shared: SharedStore::new(h.shared_max_keys),
+            roles: Arc::new(RoleCache::default()),
+            query: Arc::new(QueryPool::new(
+                config.hook_query_connection(),
+                h.query.as_ref().map_or(1, |q| q.pool_size),
+                Duration::from_millis(h.query.as_ref().map_or(1000, |q| q.timeout_ms)),
+            )),
+        });
+        let builtins = Builtins::from_config(&config, &lua_services.roles, &lua_services.query)?;
+        let source = config.source.clone();
+        let app = Arc::new(App {
+            hooks: Dispatcher::new(enabled, h.on_error == OnError::Allow),
+            lua_services,
+            builtins,
+            lua_hooks: LuaHooks::default(),
+            login_slots: Arc::new(Semaphore::new(config.max_auth_clients)),
+            configured: ArcSwap::from_pointee(configured),
+            started: std::time::Instant::now(),
+            pools: Pools::new(),
+            clients: Arc::new(ClientRegistry::default()),
+            statements: StatementRegistry::default(),
+            mock_key,
+            attempts: broadcast::channel(ATTEMPT_BACKLOG).0,
+            shutdown: watch::channel(false).0,
+            drain: watch::channel(false).0,
+        });
+        let settings = App::lua_settings(&config);
+        match app.reload_hooks_with(settings) {
+            Ok(n) => tracing::info!(files = n, enabled, "hooks loaded"),
+            Err(errors) if !enabled => {
+                // The built-ins go in all the same, for when hooks come back on.
+                app.install_hooks(&[]);
+                for e in &errors {
+                    tracing::error!(error = %e, "hook file failed to load (hooks are off; fix it and RELOAD)");
+                }
+            }
+            Err(errors) => {
+                let list: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+                return Err(ConfigError {
+                    file: source,
+                    key: "hooks.dir".into(),
+                    message: format!(
+                        "hook files failed to load (start with --no-hooks or USHER_HOOKS=off to run without them):\n  {}",
+                        list.join("\n  ")
+                    ),
+                });
+            }
+        }
+        Ok(app)
+    }
+
+    /// The configuration and what was built from it, as of now.
+    pub fn configured(&self) -> Arc<Configured> {
+        self.configured.load_full()
+    }
+
+    /// The configuration as of now.
+    pub fn config(&self) -> Arc<Config> {
+        self.configured.load().config.clone()
+    }
+
+    /// RELOAD and SIGHUP: reads the configuration file and the hook files
+    /// again. Everything is built first; only if all of it is valid does it
+    /// replace the running set (pools take their new sizes and timeouts,
+    /// users, HBA, TLS, blocking rules and hooks change at once). Keys that
+    /// cannot change while running keep their old value and are reported.
+    pub fn reload(&self) -> Result<ReloadReport, ReloadError> {
+        let old = self.configured();
+        let path = std::path::PathBuf::from(&old.config.source);
+        let config = Config::load(&path).map_err(ReloadError::Config)?;
+        let restart_needed = restart_needed(&old.config, &config);
+        let mut configured = Configured::build(config).map_err(ReloadError::Config)?;
+        let new = configured.config.clone();
+        let s = &self.lua_services;
+        let blocking = Builtins::blocking(&new, &s.roles, &s.query).map_err(ReloadError::Config)?;
+        let engine = LuaEngine::load(App::lua_settings(&new), self.lua_services.clone())
+            .map_err(ReloadError::Hooks)?;
+        // Everything is valid: swap it in. Keys needing a restart keep
+        // their running values in the snapshot (SHOW CONFIG tells the truth).
+        if !restart_needed.is_empty() {
+            let mut kept = (*new).clone();
+            kept.listen = old.config.listen;
+            kept.metrics.listen = old.config.metrics.listen;
+            kept.log.format = old.config.log.format;
+            kept.max_auth_clients = old.config.max_auth_clients;
+            kept.auth_monitor = old.config.auth_monitor.clone();
+            kept.hooks.query = old.config.hooks.query.clone();
+            kept.hooks.shared_max_keys = old.config.hooks.shared_max_keys;
+            configured.config = Arc::new(kept);
+        }
+        let new = configured.config.clone();
+        self.configured.store(Arc::new(configured));
+        self.pools
+            .apply_config(&old.config, &new, &self.configured().server_tls);
+        self.builtins.blocking.replace_rules(blocking);
+        self.hooks
+            .set_allow_on_error(new.hooks.on_error == OnError::Allow);
+        if new.hooks.enabled != old.config.hooks.enabled {
+            self.hooks.set_enabled(new.hooks.enabled);
+        }
+        let hook_files = engine.file_names().len();
+        {
+            let mut lua = self.lua_hooks.0.lock().unwrap();
+            *lua = engine.hooks();
+            self.install_hooks(&lua);
+        }
+        for key in &restart_needed {
+            tracing::warn!(
+                key,
+                "changed in the configuration file, but needs a restart to take effect"
+            );
+        }
+        tracing::info!(hook_files, "configuration reloaded");
+        Ok(ReloadReport {
+            hook_files,
+            restart_needed,
+        })
+    }
+}
+
+/// The keys whose change a reload cannot apply.
+fn restart_needed(old: &Config, new: &Config) -> Vec<&'static str> {
+    let dbg = |v: &dyn std::fmt::Debug| format!("{v:?}");
+    let mut keys = Vec::new();
+    let mut check = |changed: bool, key: &'static str| {
+        if changed {
+            keys.push(key);
+        }
+    };
+    check(old.listen != new.listen, "listen");
+    check(old.metrics.listen != new.metrics.listen, "metrics.listen");
+    check(old.log.format != new.log.format, "log.format");
+    check(
+        old.max_auth_clients != new.max_auth_clients,
+        "max_auth_clients",
+    );
+    check(
+        dbg(&old.auth_monitor) != dbg(&new.auth_monitor),
+        "auth_monitor",
+    );
+    check(
+        dbg(&old.hooks.query) != dbg(&new.hooks.query),
+        "hooks.query",
+    );
+    check(
+        old.hooks.shared_max_keys != new.hooks.shared_max_keys,
+        "hooks.shared_max_keys",
+    );
+    keys
+}
+
+impl Configured {
+    /// Builds from the configuration everything the login path needs,
+    /// reading the files it names (certificates, the auth file, an HBA
+    /// file); errors name the file and key.
+    pub fn build(config: Config) -> Result<Configured, ConfigError> {
         let err = |key: &str, message: String| ConfigError {
             file: config.source.clone(),
             key: key.to_string(),
@@ -147,64 +363,17 @@ impl App {
                 "+role rules need auth.user: usher asks the server about role membership".into(),
             ));
         }
-        let mut mock_key = [0u8; 32];
-        rand::thread_rng().fill_bytes(&mut mock_key);
-        let h = &config.hooks;
-        let enabled = h.enabled && !options.hooks_off;
-        let lua_services = Arc::new(LuaServices {
-            shared: SharedStore::new(h.shared_max_keys),
-            roles: Arc::new(RoleCache::default()),
-            query: Arc::new(QueryPool::new(
-                config.hook_query_connection(),
-                h.query.as_ref().map_or(1, |q| q.pool_size),
-                Duration::from_millis(h.query.as_ref().map_or(1000, |q| q.timeout_ms)),
-            )),
-        });
-        let builtins = Builtins::from_config(&config, &lua_services.roles, &lua_services.query)?;
-        let source = config.source.clone();
-        let app = Arc::new(App {
-            hooks: Dispatcher::new(enabled, h.on_error == OnError::Allow),
-            lua_services,
-            builtins,
-            lua_hooks: LuaHooks::default(),
-            login_slots: Arc::new(Semaphore::new(config.max_auth_clients)),
+        Ok(Configured {
             config: Arc::new(config),
-            started: std::time::Instant::now(),
             credentials,
             hba,
             client_tls,
             server_tls,
-            pools: Pools::new(),
-            clients: Arc::new(ClientRegistry::default()),
-            statements: StatementRegistry::default(),
-            mock_key,
-            attempts: broadcast::channel(ATTEMPT_BACKLOG).0,
-            shutdown: watch::channel(false).0,
-        });
-        match app.reload_hooks() {
-            Ok(n) => tracing::info!(files = n, enabled, "hooks loaded"),
-            Err(errors) if !enabled => {
-                // The built-ins go in all the same, for when hooks come back on.
-                app.install_hooks(&[]);
-                for e in &errors {
-                    tracing::error!(error = %e, "hook file failed to load (hooks are off; fix it and RELOAD)");
-                }
-            }
-            Err(errors) => {
-                let list: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
-                return Err(ConfigError {
-                    file: source,
-                    key: "hooks.dir".into(),
-                    message: format!(
-                        "hook files failed to load (start with --no-hooks or USHER_HOOKS=off to run without them):\n  {}",
-                        list.join("\n  ")
-                    ),
-                });
-            }
-        }
-        Ok(app)
+        })
     }
+}
 
+impl App {
     /// The Lua engine settings from the configuration.
     pub fn lua_settings(config: &Config) -> LuaSettings {
         let h = &config.hooks;
@@ -220,7 +389,11 @@ impl App {
     /// Compiles the hook files anew and swaps them in; if any file fails,
     /// the running set stays. Returns how many files were loaded.
     pub fn reload_hooks(&self) -> Result<usize, Vec<LoadError>> {
-        let engine = LuaEngine::load(App::lua_settings(&self.config), self.lua_services.clone())?;
+        self.reload_hooks_with(App::lua_settings(&self.config()))
+    }
+
+    fn reload_hooks_with(&self, settings: LuaSettings) -> Result<usize, Vec<LoadError>> {
+        let engine = LuaEngine::load(settings, self.lua_services.clone())?;
         let files = engine.file_names().len();
         let mut lua = self.lua_hooks.0.lock().unwrap();
         *lua = engine.hooks();
@@ -253,7 +426,7 @@ impl App {
             }
             s.roles.spawn_refresher(
                 s.query.clone(),
-                Duration::from_secs_f64(self.config.hooks.roles_refresh_s),
+                Duration::from_secs_f64(self.config().hooks.roles_refresh_s),
             );
         }
         self.builtins.start(self.shutting_down());
@@ -322,7 +495,20 @@ impl App {
     /// Starts a graceful shutdown: stop accepting, end clients at their next
     /// idle moment.
     pub fn begin_shutdown(&self) {
+        self.shutdown_with(ShutdownMode::WaitForServers);
+    }
+
+    /// Starts a shutdown: stop accepting; clients leave as `mode` says.
+    pub fn shutdown_with(&self, mode: ShutdownMode) {
         self.shutdown.send_replace(true);
+        if mode == ShutdownMode::WaitForServers {
+            self.drain.send_replace(true);
+        }
+    }
+
+    /// True (in the receiver) once clients should end between transactions.
+    pub fn draining(&self) -> watch::Receiver<bool> {
+        self.drain.subscribe()
     }
 
     pub fn shutting_down(&self) -> watch::Receiver<bool> {
@@ -346,7 +532,7 @@ impl Server {
 
     /// Binds `listen` for an app already built.
     pub async fn bind_app(app: Arc<App>) -> std::io::Result<Server> {
-        let listener = TcpListener::bind(app.config.listen).await?;
+        let listener = TcpListener::bind(app.config().listen).await?;
         Ok(Server { app, listener })
     }
 
@@ -357,7 +543,8 @@ impl Server {
     }
 
     /// Accepts clients until shutdown begins, then waits up to
-    /// `shutdown_timeout` for connected clients to finish.
+    /// `shutdown_timeout` for connected clients to leave; those still there
+    /// are ended between transactions, with a short grace to get there.
     pub async fn run(self) {
         let app = self.app;
         app.start_background();
@@ -380,7 +567,7 @@ impl Server {
             }
         }
         drop(self.listener);
-        let deadline = Duration::from_secs_f64(app.config.shutdown_timeout);
+        let deadline = Duration::from_secs_f64(app.config().shutdown_timeout);
         tracing::info!(
             clients = app.clients.connected(),
             timeout_s = deadline.as_secs_f64(),
@@ -397,6 +584,13 @@ impl Server {
                 clients = app.clients.connected(),
                 "shutdown_timeout reached; closing remaining clients"
             );
+            app.drain.send_replace(true);
+            let _ = tokio::time::timeout(Duration::from_secs(1), async {
+                while app.clients.connected() > 0 {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+            .await;
         }
         for pool in app.pools.all() {
             pool.close_idle();

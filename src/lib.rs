@@ -8,6 +8,7 @@ pub mod app;
 pub mod auth;
 pub mod backend;
 pub mod config;
+pub mod control;
 pub mod frontend;
 pub mod hooks;
 pub mod metrics;

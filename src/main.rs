@@ -84,7 +84,7 @@ fn main() -> ExitCode {
 }
 
 fn run(app: std::sync::Arc<usher::App>) -> ExitCode {
-    let config = app.config.clone();
+    let config = app.config();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -98,40 +98,7 @@ fn run(app: std::sync::Arc<usher::App>) -> ExitCode {
                 return ExitCode::from(1);
             }
         };
-        let app = server.app.clone();
-        let reload_app = server.app.clone();
-        tokio::spawn(async move {
-            use tokio::signal::unix::{signal, SignalKind};
-            let mut hup = signal(SignalKind::hangup()).expect("SIGHUP handler");
-            while hup.recv().await.is_some() {
-                tracing::info!("SIGHUP: reloading hooks");
-                match reload_app.reload_hooks() {
-                    Ok(n) => tracing::info!(files = n, "hooks reloaded"),
-                    Err(errors) => {
-                        for e in errors {
-                            tracing::error!(error = %e, "hook reload failed; the running hooks stay");
-                        }
-                    }
-                }
-            }
-        });
-        tokio::spawn(async move {
-            use tokio::signal::unix::{signal, SignalKind};
-            let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-            let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
-            tokio::select! {
-                _ = term.recv() => tracing::info!("SIGTERM: shutting down gracefully"),
-                _ = int.recv() => tracing::info!("SIGINT: shutting down gracefully"),
-            }
-            app.begin_shutdown();
-            // A second signal means: stop now.
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
-            tracing::warn!("second signal: exiting immediately");
-            std::process::exit(1);
-        });
+        usher::control::spawn_signal_handlers(server.app.clone());
         server.run().await;
         ExitCode::SUCCESS
     })

@@ -5,9 +5,10 @@
 //! Names in commands (`RESET AUTH_MON alice`, `MAINTENANCE ON admins`) are
 //! taken as written; double quotes may surround them.
 
+mod clients;
 mod stats;
 
-use crate::app::App;
+use crate::app::{App, ShutdownMode};
 use crate::frontend::close_with_error;
 use crate::frontend::stream::ClientStream;
 use crate::hooks::builtin::{AuthMonitor, Table};
@@ -46,7 +47,8 @@ impl Console {
         stream: &mut ClientStream,
         user: &str,
     ) -> Result<Console, PgError> {
-        let admin = &app.config.admin;
+        let config = app.config();
+        let admin = &config.admin;
         let role = if admin.users.iter().any(|u| u == user) {
             Role::Admin
         } else if admin.stats_users.iter().any(|u| u == user) {
@@ -138,23 +140,42 @@ impl Console {
             }
             ["RELOAD"] => {
                 self.require_admin()?;
-                match self.app.reload_hooks() {
-                    Ok(n) => {
-                        tracing::info!(files = n, "RELOAD: hooks reloaded");
-                        Ok(Reply::Command("RELOAD".into()))
-                    }
-                    Err(errors) => {
-                        let list: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
-                        for e in &list {
-                            tracing::error!(error = %e, "RELOAD: hook file failed; the running hooks stay");
-                        }
-                        Err(PgError::error(
-                            sqlstate::INVALID_PARAMETER_VALUE,
-                            "reload failed; the running hooks stay",
-                        )
-                        .with_detail(list.join("\n")))
-                    }
-                }
+                self.reload()
+            }
+            ["PAUSE", rest @ ..] => {
+                self.require_admin()?;
+                let db = argument(sql, 1, rest.len());
+                self.app.pause(db.as_deref()).await?;
+                Ok(Reply::Command("PAUSE".into()))
+            }
+            ["RESUME", rest @ ..] => {
+                self.require_admin()?;
+                self.app.resume(argument(sql, 1, rest.len()).as_deref())?;
+                Ok(Reply::Command("RESUME".into()))
+            }
+            ["RECONNECT", rest @ ..] => {
+                self.require_admin()?;
+                self.app
+                    .reconnect(argument(sql, 1, rest.len()).as_deref())?;
+                Ok(Reply::Command("RECONNECT".into()))
+            }
+            ["KILL", rest @ ..] => {
+                self.require_admin()?;
+                self.app.kill(argument(sql, 1, rest.len()).as_deref())?;
+                Ok(Reply::Command("KILL".into()))
+            }
+            ["KILL_CLIENT", id] => {
+                self.require_admin()?;
+                let id = id.parse::<u64>().map_err(|_| {
+                    PgError::error(
+                        sqlstate::SYNTAX_ERROR,
+                        format!(
+                            "KILL_CLIENT needs a client id (SHOW CLIENTS' id column), got \"{id}\""
+                        ),
+                    )
+                })?;
+                self.app.kill_client(id)?;
+                Ok(Reply::Command("KILL_CLIENT".into()))
             }
             ["RESET", "AUTH_MON", rest @ ..] => {
                 self.require_admin()?;
@@ -190,9 +211,20 @@ impl Console {
                 self.app.set_maintenance(None).await?;
                 Ok(Reply::Command("MAINTENANCE OFF".into()))
             }
-            ["SHUTDOWN"] => {
+            ["SHUTDOWN", rest @ ..] => {
                 self.require_admin()?;
-                self.app.begin_shutdown();
+                let mode = match rest {
+                    [] | ["WAIT_FOR_SERVERS"] => ShutdownMode::WaitForServers,
+                    ["WAIT_FOR_CLIENTS"] => ShutdownMode::WaitForClients,
+                    _ => {
+                        return Err(PgError::error(
+                            sqlstate::SYNTAX_ERROR,
+                            "SHUTDOWN takes WAIT_FOR_SERVERS (the default) or WAIT_FOR_CLIENTS",
+                        ))
+                    }
+                };
+                tracing::warn!(?mode, "SHUTDOWN from the admin console");
+                self.app.shutdown_with(mode);
                 Ok(Reply::Command("SHUTDOWN".into()))
             }
             _ => Err(PgError::error(
@@ -200,6 +232,28 @@ impl Console {
                 format!("unknown admin console command: {}", sql.trim()),
             )
             .with_hint("SHOW HELP lists the commands")),
+        }
+    }
+
+    /// RELOAD: the configuration file and the hook files, all or nothing.
+    fn reload(&self) -> Result<Reply, PgError> {
+        match self.app.reload_and_log() {
+            Ok(report) if report.restart_needed.is_empty() => Ok(Reply::Command("RELOAD".into())),
+            Ok(report) => {
+                // Applied, but some changes wait for a restart: say which.
+                let keys = report.restart_needed.join(", ");
+                Ok(Reply::Notice(
+                    PgError::warning(format!(
+                        "reloaded, but these keys need a restart to change: {keys}"
+                    )),
+                    "RELOAD".into(),
+                ))
+            }
+            Err(e) => Err(PgError::error(
+                sqlstate::INVALID_PARAMETER_VALUE,
+                "reload failed; the running configuration and hooks stay",
+            )
+            .with_detail(e.to_string())),
         }
     }
 
@@ -218,17 +272,22 @@ impl Console {
             "HELP" => Ok(Reply::rows(
                 &["command"],
                 [
-                    "SHOW HELP|VERSION|POOLS|HOOKS",
+                    "SHOW HELP|VERSION|STATE|POOLS|CLIENTS|SERVERS|HOOKS",
                     "SHOW STATS|STATS_TOTALS|STATS_AVERAGES|DATABASES|USERS|LISTS|CONFIG",
                     "SHOW AUTH_MON|AUTH_MON_UNKNOWN|AUTH_MON_ADDRS",
                     "SHOW BLOCKING",
+                    "PAUSE [<db>]",
+                    "RESUME [<db>]",
+                    "RECONNECT [<db>]",
+                    "KILL [<db>]",
+                    "KILL_CLIENT <id>",
+                    "RELOAD",
                     "ENABLE HOOKS",
                     "DISABLE HOOKS",
-                    "RELOAD",
                     "RESET AUTH_MON [role|address]",
                     "MAINTENANCE ON <role>",
                     "MAINTENANCE OFF",
-                    "SHUTDOWN",
+                    "SHUTDOWN [WAIT_FOR_SERVERS|WAIT_FOR_CLIENTS]",
                 ]
                 .iter()
                 .map(|c| vec![Some(c.to_string())])
@@ -239,6 +298,19 @@ impl Console {
                 vec![vec![Some(format!("usher {}", env!("CARGO_PKG_VERSION")))]],
             )),
             "POOLS" => Ok(self.show_pools()),
+            "CLIENTS" => Ok(clients::show_clients(&self.app)),
+            "SERVERS" => Ok(clients::show_servers(&self.app)),
+            "STATE" => Ok(Reply::rows(
+                &["state"],
+                vec![vec![Some(
+                    if self.app.pools.is_paused_all() {
+                        "paused"
+                    } else {
+                        "active"
+                    }
+                    .to_string(),
+                )]],
+            )),
             "STATS" => Ok(stats::show_stats(&self.app)),
             "STATS_TOTALS" => Ok(stats::show_totals(&self.app, false)),
             "STATS_AVERAGES" => Ok(stats::show_totals(&self.app, true)),
@@ -381,6 +453,8 @@ fn argument(sql: &str, skip: usize, count: usize) -> Option<String> {
 enum Reply {
     Empty,
     Command(String),
+    /// A command that completed with a warning for the user.
+    Notice(PgError, String),
     Rows {
         columns: Vec<&'static str>,
         rows: Vec<Vec<Option<String>>>,
@@ -408,6 +482,10 @@ impl Reply {
         match self {
             Reply::Empty => messages::empty_query_response(out),
             Reply::Command(tag) => messages::command_complete(out, tag),
+            Reply::Notice(notice, tag) => {
+                notice.encode(out);
+                messages::command_complete(out, tag);
+            }
             Reply::Rows { columns, rows } => {
                 messages::row_description(out, columns);
                 for row in rows {

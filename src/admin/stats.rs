@@ -27,7 +27,7 @@ struct Totals {
 
 fn totals_by_database(app: &App) -> BTreeMap<String, Totals> {
     let mut by_db: BTreeMap<String, Totals> = app
-        .config
+        .config()
         .databases
         .keys()
         .map(|d| (d.clone(), Totals::default()))
@@ -192,11 +192,11 @@ pub(super) fn show_databases(app: &App) -> Reply {
     ];
     let pools = app.pools.all();
     let rows = app
-        .config
+        .config()
         .databases
         .iter()
         .map(|(name, db)| {
-            let limits = app.config.limits_for(name, "");
+            let limits = app.config().limits_for(name, "");
             let connections: usize = pools_of(&pools, |p| &p.database == name)
                 .map(|p| p.idle_count() + p.stats.active.load(Relaxed))
                 .sum();
@@ -214,9 +214,9 @@ pub(super) fn show_databases(app: &App) -> Reply {
                 None,
                 n(0),
                 n(connections),
-                n(app.config.max_client_conn),
+                n(app.config().max_client_conn),
                 n(app.clients.connected()),
-                n(0),
+                n(u8::from(app.pools.is_paused(name))),
                 n(0),
             ]
         })
@@ -237,7 +237,7 @@ pub(super) fn show_users(app: &App) -> Reply {
     ];
     let pools = app.pools.all();
     let rows = app
-        .config
+        .config()
         .users
         .iter()
         .map(|(name, u)| {
@@ -264,8 +264,8 @@ pub(super) fn show_lists(app: &App) -> Reply {
     let idle: usize = pools.iter().map(|p| p.idle_count()).sum();
     let used: usize = pools.iter().map(|p| p.stats.active.load(Relaxed)).sum();
     let rows = [
-        ("databases", app.config.databases.len()),
-        ("users", app.config.users.len()),
+        ("databases", app.config().databases.len()),
+        ("users", app.config().users.len()),
         ("pools", pools.len()),
         ("used_clients", app.clients.connected()),
         ("free_servers", idle),
@@ -278,132 +278,80 @@ pub(super) fn show_lists(app: &App) -> Reply {
 }
 
 pub(super) fn show_config(app: &App) -> Reply {
-    let c = &app.config;
+    let c = app.config();
     let yes = |b: bool| Some(if b { "yes" } else { "no" }.to_string());
-    let rows: Vec<(&str, String, &str, bool)> = vec![
-        ("listen", c.listen.to_string(), "127.0.0.1:6432", false),
-        (
-            "max_client_conn",
-            c.max_client_conn.to_string(),
-            "10000",
-            false,
-        ),
-        (
-            "max_auth_clients",
-            c.max_auth_clients.to_string(),
-            "1000",
-            false,
-        ),
-        ("pool_mode", c.pool_mode.to_string(), "transaction", false),
-        ("pool_size", c.pool_size.to_string(), "20", false),
-        ("min_pool_size", c.min_pool_size.to_string(), "0", false),
+    // A reload applies every key but these (SHOW CONFIG's `changeable`).
+    let fixed = ["listen", "max_auth_clients"];
+    let rows: Vec<(&str, String, &str)> = vec![
+        ("listen", c.listen.to_string(), "127.0.0.1:6432"),
+        ("max_client_conn", c.max_client_conn.to_string(), "10000"),
+        ("max_auth_clients", c.max_auth_clients.to_string(), "1000"),
+        ("pool_mode", c.pool_mode.to_string(), "transaction"),
+        ("pool_size", c.pool_size.to_string(), "20"),
+        ("min_pool_size", c.min_pool_size.to_string(), "0"),
         (
             "server_reset_query",
             c.server_reset_query.clone(),
             "DISCARD ALL",
-            false,
         ),
         (
             "query_wait_timeout",
             c.query_wait_timeout.to_string(),
             "120",
-            false,
         ),
         (
             "server_connect_timeout",
             c.server_connect_timeout.to_string(),
             "15",
-            false,
         ),
         (
             "client_idle_timeout",
             c.client_idle_timeout.to_string(),
             "0",
-            false,
         ),
         (
             "idle_transaction_timeout",
             c.idle_transaction_timeout.to_string(),
             "0",
-            false,
         ),
         (
             "server_idle_timeout",
             c.server_idle_timeout.to_string(),
             "600",
-            false,
         ),
-        (
-            "server_lifetime",
-            c.server_lifetime.to_string(),
-            "3600",
-            false,
-        ),
-        (
-            "server_check_delay",
-            c.server_check_delay.to_string(),
-            "30",
-            false,
-        ),
-        ("auth_timeout", c.auth_timeout.to_string(), "60", false),
-        (
-            "shutdown_timeout",
-            c.shutdown_timeout.to_string(),
-            "30",
-            false,
-        ),
+        ("server_lifetime", c.server_lifetime.to_string(), "3600"),
+        ("server_check_delay", c.server_check_delay.to_string(), "30"),
+        ("auth_timeout", c.auth_timeout.to_string(), "60"),
+        ("shutdown_timeout", c.shutdown_timeout.to_string(), "30"),
         (
             "max_message_size",
             c.max_message_size.to_string(),
             "268435456",
-            false,
         ),
         (
             "prepared_statements",
             c.prepared_statements.to_string(),
             "200",
-            false,
         ),
-        (
-            "auth.method",
-            c.auth.method.to_string(),
-            "scram-sha-256",
-            false,
-        ),
-        (
-            "hooks.enabled",
-            app.hooks.enabled().to_string(),
-            "true",
-            true,
-        ),
-        (
-            "hooks.dir",
-            c.hooks.dir.display().to_string(),
-            "hooks",
-            true,
-        ),
-        (
-            "hooks.timeout_ms",
-            c.hooks.timeout_ms.to_string(),
-            "100",
-            false,
-        ),
+        ("auth.method", c.auth.method.to_string(), "scram-sha-256"),
+        ("hooks.enabled", app.hooks.enabled().to_string(), "true"),
+        ("hooks.dir", c.hooks.dir.display().to_string(), "hooks"),
+        ("hooks.timeout_ms", c.hooks.timeout_ms.to_string(), "100"),
         (
             "hooks.memory_limit_mb",
             c.hooks.memory_limit_mb.to_string(),
             "32",
-            false,
         ),
-        ("log.level", c.log.level.clone(), "info", false),
+        ("log.level", c.log.level.clone(), "info"),
     ];
     let rows = rows
         .into_iter()
-        .map(|(k, v, d, changeable)| {
+        .map(|(k, v, d)| {
             vec![
                 Some(k.to_string()),
                 Some(v),
                 Some(d.to_string()),
-                yes(changeable),
+                yes(!fixed.contains(&k)),
             ]
         })
         .collect();

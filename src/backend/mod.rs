@@ -22,8 +22,10 @@ use fallible_iterator::FallibleIterator;
 use postgres_protocol::message::backend::{ErrorFields, Message};
 use postgres_protocol::message::frontend;
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -53,13 +55,30 @@ impl CancelTarget {
     }
 }
 
+/// What other tasks may know of a server connection while a client holds
+/// it: where to send a cancel request, and what SHOW SERVERS lists. Shared
+/// (an `Arc`), so lending the connection copies nothing.
+#[derive(Debug)]
+pub struct ServerSummary {
+    pub id: u64,
+    pub cancel: CancelTarget,
+    pub connect_time: SystemTime,
+    /// usher's end of the connection.
+    pub local: Option<SocketAddr>,
+    pub tls: bool,
+}
+
 /// One logged-in connection to PostgreSQL.
 #[derive(Debug)]
 pub struct ServerConn {
     pub stream: ServerStream,
     /// usher's own id for this connection (for logs and the console).
     pub id: u64,
-    pub cancel: CancelTarget,
+    pub summary: Arc<ServerSummary>,
+    /// The pool generation it was opened in: RECONNECT and a changed
+    /// server address start a new one, and older connections are closed
+    /// instead of reused.
+    pub generation: u64,
     /// Reported parameters (ParameterStatus) as the server last said them.
     pub params: HashMap<String, String>,
     pub created: Instant,
@@ -80,10 +99,19 @@ impl ServerConn {
         params: HashMap<String, String>,
     ) -> Self {
         let now = Instant::now();
+        let id = NEXT_SERVER_ID.fetch_add(1, Ordering::Relaxed);
+        let summary = Arc::new(ServerSummary {
+            id,
+            cancel,
+            connect_time: SystemTime::now(),
+            local: stream.local_addr(),
+            tls: stream.is_tls(),
+        });
         ServerConn {
             stream,
-            id: NEXT_SERVER_ID.fetch_add(1, Ordering::Relaxed),
-            cancel,
+            id,
+            summary,
+            generation: 0,
             params,
             created: now,
             last_used: now,
@@ -94,7 +122,7 @@ impl ServerConn {
 
     /// The server's backend process id.
     pub fn backend_pid(&self) -> u32 {
-        self.cancel.pid
+        self.summary.cancel.pid
     }
 
     /// True if the server has not closed the connection or sent anything

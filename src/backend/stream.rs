@@ -74,6 +74,14 @@ impl ServerStream {
         matches!(self, ServerStream::Tls(_))
     }
 
+    /// usher's end of the connection (SHOW SERVERS' local_addr).
+    pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
+        match self {
+            ServerStream::Plain(tcp) => tcp.local_addr().ok(),
+            ServerStream::Tls(s) => s.get_ref().get_ref().0.local_addr().ok(),
+        }
+    }
+
     /// True while the server has neither closed the connection nor sent
     /// anything unasked. Never blocks and never consumes input.
     pub fn looks_alive(&self) -> bool {

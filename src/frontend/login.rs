@@ -9,9 +9,10 @@
 
 use super::close_with_error;
 use super::params::SessionParams;
+use super::registry::ClientFacts;
 use super::session::Session;
 use super::stream::ClientStream;
-use crate::app::App;
+use crate::app::{App, Configured};
 use crate::auth::hba::{Connection, Decision};
 use crate::auth::{self, AuthAttempt, AuthOutcome, Authenticated, Challenge, Secret};
 use crate::backend::ServerCredential;
@@ -64,7 +65,7 @@ impl Progress {
             user_exists: self.user_exists,
             database: self.database.clone().unwrap_or_default(),
             client_addr: self.addr,
-            method: self.method.unwrap_or(app.config.auth.method).to_string(),
+            method: self.method.unwrap_or(app.config().auth.method).to_string(),
             outcome,
         })
         .await;
@@ -97,21 +98,26 @@ pub async fn handle_client(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
     // Clients that have not finished logging in are bounded: each costs a
     // task, buffers and maybe a TLS handshake, and silent ones hold theirs
     // until auth_timeout.
+    // One snapshot of the configuration for the whole login.
+    let configured = app.configured();
     let Ok(slot) = app.login_slots.clone().try_acquire_owned() else {
         progress.record(&app, AuthOutcome::Refused).await;
         let e = PgError::fatal(
             sqlstate::TOO_MANY_CONNECTIONS,
             format!(
                 "sorry, too many clients are logging in already (max_auth_clients is {})",
-                app.config.max_auth_clients
+                configured.config.max_auth_clients
             ),
         );
         close_with_error(&mut stream, &e).await;
         return;
     };
-    let timeout = Duration::from_secs_f64(app.config.auth_timeout);
-    let result =
-        tokio::time::timeout(timeout, login(&app, &mut stream, count, &mut progress)).await;
+    let timeout = Duration::from_secs_f64(configured.config.auth_timeout);
+    let result = tokio::time::timeout(
+        timeout,
+        login(&app, &configured, &mut stream, count, &mut progress),
+    )
+    .await;
     drop(slot);
     match result {
         Ok(Ok(Some(LoggedIn::Session(session)))) => session.serve(stream).await,
@@ -129,7 +135,10 @@ pub async fn handle_client(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
                 sqlstate::PROTOCOL_VIOLATION,
                 "canceling authentication due to timeout",
             )
-            .with_detail(format!("auth_timeout is {}s", app.config.auth_timeout));
+            .with_detail(format!(
+                "auth_timeout is {}s",
+                configured.config.auth_timeout
+            ));
             close_with_error(&mut stream, &e).await;
         }
     }
@@ -139,11 +148,12 @@ pub async fn handle_client(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
 /// client left); `Err`: send this error and close.
 async fn login(
     app: &Arc<App>,
+    configured: &Configured,
     stream: &mut ClientStream,
     count: usize,
     progress: &mut Progress,
 ) -> Result<Option<LoggedIn>, PgError> {
-    let Some(params) = startup(app, stream).await? else {
+    let Some(params) = startup(configured, app, stream).await? else {
         return Ok(None);
     };
     let user = StartupPacket::param(&params, "user")
@@ -155,9 +165,9 @@ async fn login(
         .to_string();
     progress.user = Some(user.clone());
     progress.database = Some(database.clone());
-    progress.user_exists = app.credentials.is_listed(&user);
+    progress.user_exists = configured.credentials.is_listed(&user);
 
-    let config = &app.config;
+    let config = &configured.config;
     let addr = progress.addr;
     if count > config.max_client_conn {
         return refuse(
@@ -193,7 +203,7 @@ async fn login(
     if let Some(e) = app.lockout_check(&user, &database, addr.ip()) {
         return refuse(app, progress, AuthOutcome::Locked, e).await;
     }
-    let lookup = match app.credentials.lookup(&database, &user).await {
+    let lookup = match configured.credentials.lookup(&database, &user).await {
         Ok(l) => l,
         Err(e) => {
             // The detail (which server, why) is for the operator, not the client.
@@ -212,7 +222,7 @@ async fn login(
     };
     progress.user_exists = lookup.exists;
 
-    let method = match choose_method(app, stream.is_tls(), addr, &user, &database).await {
+    let method = match choose_method(configured, stream.is_tls(), addr, &user, &database).await {
         Ok(method) => method,
         Err((outcome, error)) => return refuse(app, progress, outcome, error).await,
     };
@@ -248,24 +258,39 @@ async fn login(
             format!("database \"{database}\" does not exist"),
         )
     };
-    let server_tls = app.server_tls.get(&database).ok_or_else(unknown_database)?;
+    let server_tls = configured
+        .server_tls
+        .get(&database)
+        .ok_or_else(unknown_database)?;
     let credential = server_credential(lookup.secret.as_ref(), &authenticated);
     let pool = app
         .pools
         .get_or_create(config, &database, &user, server_tls, credential)
         .ok_or_else(unknown_database)?;
     let mut session_params = SessionParams::from_startup(&params)?;
-    let registration = app.clients.register();
+    let tls = stream.tls_info();
+    let application_name = StartupPacket::param(&params, "application_name")
+        .unwrap_or_default()
+        .to_string();
+    let registration = app.clients.register(ClientFacts {
+        user: user.clone(),
+        database: database.clone(),
+        addr,
+        local: stream.local_addr(),
+        application_name: application_name.clone(),
+        tls: tls
+            .as_ref()
+            .map(|t| format!("{}/{}", t.version, t.cipher))
+            .unwrap_or_default(),
+    });
     let client = ClientInfo {
         id: registration.handle.pid,
-        application_name: StartupPacket::param(&params, "application_name")
-            .unwrap_or_default()
-            .to_string(),
+        application_name,
         user,
         database,
         startup: params,
         addr,
-        tls: stream.tls_info(),
+        tls,
         auth_method: method.to_string(),
         pool_mode: pool.mode(),
     };
@@ -328,14 +353,14 @@ async fn login(
 /// Picks the method for this connection, or refuses it: TLS when
 /// `tls.mode` is require, then the HBA rules (or `auth.method` without them).
 async fn choose_method(
-    app: &App,
+    configured: &Configured,
     tls: bool,
     addr: SocketAddr,
     user: &str,
     database: &str,
 ) -> Result<AuthMethod, (AuthOutcome, PgError)> {
     let host = addr.ip();
-    if !tls && app.client_tls.as_ref().map(|t| t.mode) == Some(TlsMode::Require) {
+    if !tls && configured.client_tls.as_ref().map(|t| t.mode) == Some(TlsMode::Require) {
         let e = PgError::fatal(
             sqlstate::INVALID_AUTHORIZATION,
             format!(
@@ -345,8 +370,8 @@ async fn choose_method(
         .with_hint("connect with sslmode=require (or verify-full)");
         return Err((AuthOutcome::TlsRequired, e));
     }
-    let Some(hba) = &app.hba else {
-        return Ok(app.config.auth.method);
+    let Some(hba) = &configured.hba else {
+        return Ok(configured.config.auth.method);
     };
     let conn = Connection {
         addr: host,
@@ -354,7 +379,7 @@ async fn choose_method(
         database,
         user,
     };
-    let credentials = &app.credentials;
+    let credentials = &configured.credentials;
     let decision = hba
         .decide(&conn, |role| async move {
             credentials.is_member(database, user, &role).await
@@ -391,6 +416,7 @@ async fn choose_method(
 /// SSLRequest (with the TLS handshake when TLS is on) and GSSENCRequest,
 /// and forwarding a cancel request. `None`: nothing more to do.
 async fn startup(
+    configured: &Configured,
     app: &App,
     stream: &mut ClientStream,
 ) -> Result<Option<Vec<(String, String)>>, PgError> {
@@ -403,7 +429,7 @@ async fn startup(
                     "unexpected SSLRequest: the connection is already encrypted",
                 ));
             }
-            Some(StartupPacket::SslRequest) => match &app.client_tls {
+            Some(StartupPacket::SslRequest) => match &configured.client_tls {
                 Some(tls) => {
                     stream.write_all(b"S").await.map_err(gone)?;
                     // read_startup reads exactly one packet, so nothing the
@@ -424,7 +450,7 @@ async fn startup(
                 // Allowed in plaintext even when TLS is required: libpq
                 // before PostgreSQL 17 always sends cancels unencrypted.
                 if let Some(target) = app.clients.cancel_target(pid, secret) {
-                    if let Err(e) = target.send().await {
+                    if let Err(e) = target.cancel.send().await {
                         tracing::warn!(error = %e, "could not forward cancel request");
                     }
                 }

@@ -80,6 +80,15 @@ impl ClientStatements {
     pub fn clear(&mut self) {
         self.by_name.clear();
     }
+
+    /// Statements the client has now (SHOW CLIENTS' prepared_statements).
+    pub fn len(&self) -> usize {
+        self.by_name.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_name.is_empty()
+    }
 }
 
 /// What to do with a ParseComplete or CloseComplete from the server.

@@ -1,30 +1,148 @@
-//! Connected clients, by the BackendKeyData usher gave them: how a cancel
-//! request finds the server connection that currently serves a client.
+//! Connected clients: how a cancel request finds the server connection that
+//! serves a client (by the BackendKeyData usher gave it), what SHOW CLIENTS
+//! and SHOW SERVERS list, and how KILL_CLIENT reaches one.
+//!
+//! Each client's row is its own: the serve loop updates its state with
+//! relaxed atomics and a per-client mutex, never a lock shared by clients.
 
-use crate::backend::CancelTarget;
+use crate::backend::ServerSummary;
 use dashmap::DashMap;
 use rand::Rng;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+use tokio::sync::Notify;
 
-/// What other tasks may need to know about one client.
+/// What a client is doing, as SHOW CLIENTS says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ClientState {
+    /// Between transactions, holding no server connection.
+    Idle = 0,
+    /// Holding a server connection.
+    Active = 1,
+    /// Waiting for a server connection (pool full or paused).
+    Waiting = 2,
+}
+
+impl ClientState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClientState::Idle => "idle",
+            ClientState::Active => "active",
+            ClientState::Waiting => "waiting",
+        }
+    }
+}
+
+/// Facts about a client fixed at login (SHOW CLIENTS' columns).
+#[derive(Debug, Clone)]
+pub struct ClientFacts {
+    pub user: String,
+    pub database: String,
+    pub addr: SocketAddr,
+    pub local: Option<SocketAddr>,
+    pub application_name: String,
+    /// e.g. `TLSv1_3/TLS13_AES_256_GCM_SHA384`; empty without TLS.
+    pub tls: String,
+}
+
+/// What other tasks may need to know about one client, or tell it.
 #[derive(Debug)]
 pub struct ClientHandle {
-    /// usher's "process id" for this client (its BackendKeyData pid).
+    /// usher's sequential id for the client (SHOW CLIENTS' `id`, KILL_CLIENT's argument).
+    pub id: u64,
+    /// The client's BackendKeyData pid.
     pub pid: u32,
     pub secret: u32,
+    pub facts: ClientFacts,
+    pub connect_time: SystemTime,
+    state: AtomicU8,
+    /// Unix microseconds of the last transaction start, and of the start of
+    /// the current wait for a server connection.
+    request_us: AtomicU64,
+    wait_since_us: AtomicU64,
+    /// Named prepared statements the client has (transaction mode).
+    prepared: AtomicU32,
     /// The server connection serving the client right now, if any.
-    serving: Mutex<Option<CancelTarget>>,
+    serving: Mutex<Option<Arc<ServerSummary>>>,
+    /// KILL_CLIENT / KILL: the session ends as soon as it is woken.
+    kill: Notify,
 }
 
 impl ClientHandle {
-    pub fn set_server(&self, target: Option<CancelTarget>) {
-        *self.serving.lock().unwrap() = target;
+    /// A client begins to wait for a server connection.
+    pub fn waiting(&self) {
+        let now = unix_us(SystemTime::now());
+        self.request_us.store(now, Ordering::Relaxed);
+        self.wait_since_us.store(now, Ordering::Relaxed);
+        self.state
+            .store(ClientState::Waiting as u8, Ordering::Relaxed);
     }
 
-    pub fn server(&self) -> Option<CancelTarget> {
+    /// The client got a server connection (`Some`) or gave it back (`None`).
+    pub fn set_server(&self, server: Option<Arc<ServerSummary>>) {
+        let state = if server.is_some() {
+            ClientState::Active
+        } else {
+            ClientState::Idle
+        };
+        self.wait_since_us.store(0, Ordering::Relaxed);
+        self.state.store(state as u8, Ordering::Relaxed);
+        *self.serving.lock().unwrap() = server;
+    }
+
+    pub fn server(&self) -> Option<Arc<ServerSummary>> {
         self.serving.lock().unwrap().clone()
     }
+
+    pub fn state(&self) -> ClientState {
+        match self.state.load(Ordering::Relaxed) {
+            1 => ClientState::Active,
+            2 => ClientState::Waiting,
+            _ => ClientState::Idle,
+        }
+    }
+
+    /// When the client last began a transaction (or logged in).
+    pub fn request_time(&self) -> SystemTime {
+        match self.request_us.load(Ordering::Relaxed) {
+            0 => self.connect_time,
+            us => UNIX_EPOCH + std::time::Duration::from_micros(us),
+        }
+    }
+
+    /// How long the client has been waiting for a server connection.
+    pub fn wait_us(&self) -> u64 {
+        match self.wait_since_us.load(Ordering::Relaxed) {
+            0 => 0,
+            since => unix_us(SystemTime::now()).saturating_sub(since),
+        }
+    }
+
+    pub fn set_prepared(&self, n: usize) {
+        self.prepared.store(n as u32, Ordering::Relaxed);
+    }
+
+    pub fn prepared(&self) -> u32 {
+        self.prepared.load(Ordering::Relaxed)
+    }
+
+    /// Ends the client's session (KILL_CLIENT, KILL).
+    pub fn kill(&self) {
+        self.kill.notify_one();
+    }
+
+    /// Resolves once the client is killed.
+    pub async fn killed(&self) {
+        self.kill.notified().await
+    }
+}
+
+fn unix_us(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
 }
 
 /// All connected clients, keyed by their pid.
@@ -32,6 +150,7 @@ impl ClientHandle {
 pub struct ClientRegistry {
     by_pid: DashMap<u32, Arc<ClientHandle>>,
     count: AtomicUsize,
+    next_id: AtomicU64,
 }
 
 /// Removes the client from the registry when its task ends.
@@ -64,21 +183,30 @@ impl ClientRegistry {
         (Connected(self.clone()), n)
     }
 
-    /// Clients connected right now.
+    /// Clients connected right now (logged in or not).
     pub fn connected(&self) -> usize {
         self.count.load(Ordering::Relaxed)
     }
 
-    /// Gives a logged-in client a unique pid and a random secret.
-    pub fn register(self: &Arc<Self>) -> Registration {
+    /// Gives a logged-in client an id, a unique pid and a random secret.
+    pub fn register(self: &Arc<Self>, facts: ClientFacts) -> Registration {
         let mut rng = rand::thread_rng();
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         loop {
             let pid = rng.gen_range(1..i32::MAX as u32);
             if let dashmap::Entry::Vacant(v) = self.by_pid.entry(pid) {
                 let handle = Arc::new(ClientHandle {
+                    id,
                     pid,
                     secret: rng.gen(),
+                    facts,
+                    connect_time: SystemTime::now(),
+                    state: AtomicU8::new(ClientState::Idle as u8),
+                    request_us: AtomicU64::new(0),
+                    wait_since_us: AtomicU64::new(0),
+                    prepared: AtomicU32::new(0),
                     serving: Mutex::new(None),
+                    kill: Notify::new(),
                 });
                 v.insert(handle.clone());
                 return Registration {
@@ -91,11 +219,67 @@ impl ClientRegistry {
 
     /// The server to cancel for a cancel request, if the key matches a client
     /// that is being served right now.
-    pub fn cancel_target(&self, pid: u32, secret: u32) -> Option<CancelTarget> {
+    pub fn cancel_target(&self, pid: u32, secret: u32) -> Option<Arc<ServerSummary>> {
         let handle = self.by_pid.get(&pid)?.clone();
         if !crate::auth::secret::ct_eq(&handle.secret.to_be_bytes(), &secret.to_be_bytes()) {
             return None;
         }
         handle.server()
+    }
+
+    /// Every logged-in client, by id.
+    pub fn all(&self) -> Vec<Arc<ClientHandle>> {
+        let mut all: Vec<_> = self.by_pid.iter().map(|e| e.value().clone()).collect();
+        all.sort_by_key(|h| h.id);
+        all
+    }
+
+    /// The client with this id (KILL_CLIENT).
+    pub fn by_id(&self, id: u64) -> Option<Arc<ClientHandle>> {
+        self.by_pid
+            .iter()
+            .find(|e| e.value().id == id)
+            .map(|e| e.value().clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts() -> ClientFacts {
+        ClientFacts {
+            user: "alice".into(),
+            database: "app".into(),
+            addr: "127.0.0.1:5000".parse().unwrap(),
+            local: None,
+            application_name: String::new(),
+            tls: String::new(),
+        }
+    }
+
+    #[test]
+    fn clients_get_increasing_ids_and_leave_the_registry_when_dropped() {
+        let registry = Arc::new(ClientRegistry::default());
+        let a = registry.register(facts());
+        let b = registry.register(facts());
+        assert!(b.handle.id > a.handle.id);
+        assert_eq!(registry.by_id(a.handle.id).unwrap().pid, a.handle.pid);
+        assert_eq!(registry.all().len(), 2);
+        drop(a);
+        assert_eq!(registry.all().len(), 1);
+        assert!(registry.by_id(1).is_none());
+    }
+
+    #[test]
+    fn state_follows_waiting_and_serving() {
+        let registry = Arc::new(ClientRegistry::default());
+        let r = registry.register(facts());
+        assert_eq!(r.handle.state(), ClientState::Idle);
+        r.handle.waiting();
+        assert_eq!(r.handle.state(), ClientState::Waiting);
+        r.handle.set_server(None);
+        assert_eq!(r.handle.state(), ClientState::Idle);
+        assert_eq!(r.handle.wait_us(), 0);
     }
 }

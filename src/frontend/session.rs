@@ -51,6 +51,7 @@ pub struct Session {
     handle: Arc<ClientHandle>,
     _registration: Registration,
     started: Instant,
+    mode: PoolMode,
     /// Transaction mode with protocol-level prepared statements on.
     rewriting: bool,
     statements: ClientStatements,
@@ -130,8 +131,12 @@ impl Session {
         client: ClientInfo,
         vars: Vars,
     ) -> Self {
-        let rewriting =
-            pool.mode() == PoolMode::Transaction && pool.settings.prepared_statements > 0;
+        // The mode is the pool's at login: a reload that changes it applies
+        // to clients that log in afterwards.
+        let settings = pool.settings();
+        let mode = settings.mode;
+        let rewriting = mode == PoolMode::Transaction && settings.prepared_statements > 0;
+        drop(settings);
         Session {
             app,
             client,
@@ -143,6 +148,7 @@ impl Session {
             handle: registration.handle.clone(),
             _registration: registration,
             started: Instant::now(),
+            mode,
             rewriting,
             statements: ClientStatements::default(),
         }
@@ -150,7 +156,7 @@ impl Session {
 
     /// Serves the client until it leaves, an error ends it, or shutdown.
     pub async fn serve(mut self, mut client: ClientStream) {
-        let max_message = self.app.config.max_message_size;
+        let max_message = self.app.config().max_message_size;
         let mut link = Link {
             held: None,
             lent_at: Instant::now(),
@@ -165,7 +171,7 @@ impl Session {
         };
         // Transaction mode: the session begins now, with no server
         // connection; session mode: when its server connection is assigned.
-        if self.pool.mode() == PoolMode::Transaction {
+        if self.mode == PoolMode::Transaction {
             self.session_started = true;
             if let Err(e) = self
                 .start_session(&mut client, SessionReason::NewSession, None)
@@ -175,11 +181,20 @@ impl Session {
                 return;
             }
         }
-        let end = self.serve_loop(&mut client, &mut link).await;
+        // KILL_CLIENT / KILL end the session wherever it is, even waiting
+        // for a server connection; what it held is then in an unknown state.
+        let handle = self.handle.clone();
+        let (end, interrupted) = tokio::select! {
+            end = self.serve_loop(&mut client, &mut link) => (end, false),
+            _ = handle.killed() => (End::Error(killed()), true),
+        };
         self.handle.set_server(None);
         if let Some(checkout) = link.held.take() {
-            let clean = link.flow.quiet() && link.flow.status == b'I' && link.out_buf.is_empty();
-            match (clean, self.pool.mode()) {
+            let clean = !interrupted
+                && link.flow.quiet()
+                && link.flow.status == b'I'
+                && link.out_buf.is_empty();
+            match (clean, self.mode) {
                 (true, PoolMode::Session) => self.pool.reset_and_checkin(checkout).await,
                 (true, PoolMode::Transaction) => self.pool.checkin(checkout),
                 (false, _) => self.pool.discard(checkout),
@@ -213,9 +228,8 @@ impl Session {
     }
 
     async fn serve_loop(&mut self, client: &mut ClientStream, link: &mut Link) -> End {
-        let mut shutdown = self.app.shutting_down();
+        let mut shutdown = self.app.draining();
         let pool = self.pool.clone();
-        let limits = &pool.settings;
         loop {
             let between_messages = link.flow.quiet() && link.in_walker.at_boundary();
             // A client may be ended by shutdown only between transactions.
@@ -228,13 +242,16 @@ impl Session {
             }
             // The client's turn to speak, with nothing half-sent: its idle
             // timeouts run (each loop turn is activity, so they restart).
+            // (The timeouts are read each turn: a reload may change them.)
             let waiting_on_client = link.held.is_none() || between_messages;
             let idle_limit = match (waiting_on_client, link.flow.status) {
                 (false, _) => None,
-                (true, b'I') => limits
+                (true, b'I') => pool
+                    .settings()
                     .client_idle_timeout
                     .map(|t| (t, idle_session_timeout as fn() -> PgError)),
-                (true, _) => limits
+                (true, _) => pool
+                    .settings()
                     .idle_transaction_timeout
                     .map(|t| (t, idle_in_transaction_timeout as fn() -> PgError)),
             };
@@ -474,6 +491,7 @@ impl Session {
                     }
                     .rewrite(tag, &message[5..], &mut out)
                     .map_err(End::Error)?;
+                    self.handle.set_prepared(self.statements.len());
                     link.flow.unsynced = true;
                     stats
                         .received
@@ -492,7 +510,7 @@ impl Session {
         client: &mut ClientStream,
         link: &mut Link,
     ) -> Result<(), End> {
-        let mode = self.pool.mode();
+        let mode = self.mode;
         let rewriting = self.rewriting;
         let at_boundary = link.in_walker.at_boundary();
         loop {
@@ -567,6 +585,9 @@ impl Session {
                 )
                 .map_err(|e| End::Error(server_lost(&e.message)))?;
             link.discarded |= discarded;
+            if discarded && rewriting {
+                self.handle.set_prepared(0);
+            }
             if walked.forward > 0 {
                 let chunk = link.out_buf.split_to(walked.forward);
                 self.pool
@@ -619,7 +640,14 @@ impl Session {
     /// Borrows a server connection and brings it in line with the session:
     /// parameters, and the bound on prepared statements it keeps.
     async fn begin_transaction(&mut self, client: &mut ClientStream) -> Result<Checkout, PgError> {
-        let mut checkout = self.pool.checkout().await?;
+        self.handle.waiting();
+        let mut checkout = match self.pool.checkout().await {
+            Ok(c) => c,
+            Err(e) => {
+                self.handle.set_server(None);
+                return Err(e);
+            }
+        };
         if !self.session_started {
             // Session mode: the session begins with its server connection.
             self.session_started = true;
@@ -648,7 +676,8 @@ impl Session {
         let conn = &mut checkout.conn;
         let param_sql = self.params.sync_sql(conn, &self.defaults);
         let mut sql = param_sql.clone().unwrap_or_default();
-        while conn.prepared.len() > self.pool.settings.prepared_statements {
+        let bound = self.pool.settings().prepared_statements;
+        while conn.prepared.len() > bound {
             if let Some((id, ())) = conn.prepared.pop_lru() {
                 sql.push_str(&format!("DEALLOCATE {};", prepared::server_name(id)));
             }
@@ -666,7 +695,7 @@ impl Session {
             let changed = self.params.after_sync(conn, &self.defaults);
             report_parameters(client, changed).await?;
         }
-        self.handle.set_server(Some(checkout.conn.cancel.clone()));
+        self.handle.set_server(Some(checkout.conn.summary.clone()));
         Ok(checkout)
     }
 }
@@ -732,6 +761,14 @@ fn idle_in_transaction_timeout() -> PgError {
         "terminating connection due to idle-in-transaction timeout",
     )
     .with_detail("the client was idle inside a transaction longer than idle_transaction_timeout")
+}
+
+fn killed() -> PgError {
+    PgError::fatal(
+        sqlstate::ADMIN_SHUTDOWN,
+        "terminating connection due to administrator command",
+    )
+    .with_detail("an admin console user ran KILL_CLIENT or KILL")
 }
 
 fn server_lost(detail: &str) -> PgError {

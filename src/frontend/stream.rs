@@ -29,6 +29,15 @@ impl ClientStream {
         matches!(self, ClientStream::Tls(_))
     }
 
+    /// usher's end of the connection (SHOW CLIENTS' local_addr).
+    pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
+        match self {
+            ClientStream::Plain(tcp) => tcp.local_addr().ok(),
+            ClientStream::Tls(s) => s.get_ref().get_ref().0.local_addr().ok(),
+            ClientStream::Closed => None,
+        }
+    }
+
     /// Runs the TLS handshake on a plain stream (after usher answered `S`
     /// to an SSLRequest). On failure the stream is [`ClientStream::Closed`].
     pub async fn start_tls(&mut self, acceptor: &TlsAcceptor) -> io::Result<()> {

@@ -5,6 +5,13 @@
 //! clients beyond that wait (up to `query_wait_timeout`). Idle connections
 //! sit in a per-pool list behind a short-held mutex: there is no lock shared
 //! between pools, and none on the forwarding path.
+//!
+//! What operators change while it runs:
+//! - the settings (a config reload): swapped whole; a new `pool_size`
+//!   resizes the semaphore (shrinking takes permits out as they come back);
+//! - PAUSE/RESUME: a paused pool lends nothing, clients wait for RESUME;
+//! - RECONNECT (and a changed server address): a new generation; idle
+//!   connections of older ones are closed now, lent ones when they return.
 
 mod registry;
 
@@ -14,11 +21,12 @@ use crate::backend::{self, ServerConn, ServerTarget};
 use crate::config::{PoolLimits, PoolMode};
 use crate::protocol::error::sqlstate;
 use crate::protocol::PgError;
+use arc_swap::ArcSwap;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 /// Counters of one pool, for the console and metrics. Relaxed atomics,
 /// mirrored into metric handles registered once per pool.
@@ -47,21 +55,58 @@ pub struct PoolStats {
 pub struct Pool {
     pub database: String,
     pub user: String,
-    pub settings: PoolLimits,
-    target: ServerTarget,
+    settings: ArcSwap<PoolLimits>,
+    target: ArcSwap<ServerTarget>,
     idle: Mutex<Vec<ServerConn>>,
     permits: Arc<Semaphore>,
+    /// Permits to take out of circulation as they come back, after
+    /// `pool_size` shrank below the connections lent out.
+    owed: Arc<AtomicUsize>,
+    /// Connections of an older generation are closed, not reused.
+    generation: AtomicU64,
+    paused: AtomicBool,
+    resumed: Notify,
     /// ParameterStatus values of the first server connection: what clients
     /// are told at login.
     server_params: OnceLock<Arc<HashMap<String, String>>>,
     pub stats: PoolStats,
 }
 
+/// An idle server connection, as SHOW SERVERS lists it.
+#[derive(Debug)]
+pub struct IdleServer {
+    pub summary: Arc<backend::ServerSummary>,
+    pub last_used: std::time::Instant,
+    pub prepared: usize,
+    pub stale: bool,
+}
+
 /// A server connection lent to one client.
 #[derive(Debug)]
 pub struct Checkout {
     pub conn: ServerConn,
-    _permit: OwnedSemaphorePermit,
+    _permit: Permit,
+}
+
+/// A semaphore permit that is forgotten instead of returned while the pool
+/// owes permits (it shrank).
+#[derive(Debug)]
+struct Permit {
+    permit: Option<OwnedSemaphorePermit>,
+    owed: Arc<AtomicUsize>,
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        let owed = self
+            .owed
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+        if owed.is_ok() {
+            if let Some(p) = self.permit.take() {
+                p.forget();
+            }
+        }
+    }
 }
 
 /// The Prometheus side of [`PoolStats`].
@@ -141,16 +186,134 @@ impl Pool {
             database,
             user,
             permits: Arc::new(Semaphore::new(settings.size)),
-            settings,
-            target,
+            settings: ArcSwap::from_pointee(settings),
+            target: ArcSwap::from_pointee(target),
+            owed: Arc::new(AtomicUsize::new(0)),
+            generation: AtomicU64::new(0),
+            paused: AtomicBool::new(false),
+            resumed: Notify::new(),
             idle: Mutex::new(Vec::new()),
             server_params: OnceLock::new(),
             stats,
         }
     }
 
+    /// The pool's settings now (they change on reload). A cheap guard:
+    /// read what is needed and let it go, do not hold it across awaits.
+    pub fn settings(&self) -> arc_swap::Guard<Arc<PoolLimits>> {
+        self.settings.load()
+    }
+
     pub fn mode(&self) -> PoolMode {
-        self.settings.mode
+        self.settings.load().mode
+    }
+
+    /// Offers the credential a client's login yielded to the server target.
+    pub fn offer_credential(&self, credential: backend::ServerCredential) {
+        self.target.load().credential.offer(credential);
+    }
+
+    /// Takes new settings from a reloaded configuration. A new `pool_size`
+    /// resizes the pool; a new server address (`target`) starts a new
+    /// generation of connections.
+    pub fn apply(&self, settings: PoolLimits, target: Option<ServerTarget>) {
+        let old = self.settings.swap(Arc::new(settings));
+        let new_size = self.settings.load().size;
+        if new_size != old.size {
+            self.resize(old.size, new_size);
+            tracing::info!(db = %self.database, user = %self.user, from = old.size, to = new_size, "pool_size changed");
+        }
+        if let Some(mut target) = target {
+            // The credential learnt from clients' logins carries over.
+            target.credential = self.target.load().credential.clone();
+            self.target.store(Arc::new(target));
+            self.reconnect();
+            tracing::info!(db = %self.database, user = %self.user, "server address changed; reconnecting");
+        }
+        self.trim_idle();
+    }
+
+    fn resize(&self, from: usize, to: usize) {
+        if to > from {
+            let mut grow = to - from;
+            // Cancel permits still owed from an earlier shrink first.
+            let _ = self
+                .owed
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |owed| {
+                    let cancel = owed.min(to - from);
+                    grow = to - from - cancel;
+                    Some(owed - cancel)
+                });
+            self.permits.add_permits(grow);
+        } else {
+            let shrink = from - to;
+            let taken = self.permits.forget_permits(shrink);
+            // Lent connections give theirs back later: forget those then.
+            self.owed.fetch_add(shrink - taken, Ordering::AcqRel);
+        }
+    }
+
+    /// RECONNECT: idle connections close now; lent ones when they come back.
+    pub fn reconnect(&self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        self.close_idle();
+    }
+
+    /// PAUSE: nothing more is lent until [`Pool::resume`]; clients wait.
+    pub fn pause(&self) {
+        self.paused.store(true, Ordering::Release);
+    }
+
+    pub fn resume(&self) {
+        self.paused.store(false, Ordering::Release);
+        self.resumed.notify_waiters();
+    }
+
+    pub fn is_paused(&self) -> bool {
+        self.paused.load(Ordering::Acquire)
+    }
+
+    /// Waits until no server connection is lent out (after PAUSE), then
+    /// closes the idle ones, as PgBouncer does.
+    pub async fn drained(&self) {
+        while self.stats.active.load(Ordering::Acquire) > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.close_idle();
+    }
+
+    async fn wait_unpaused(&self) {
+        loop {
+            let resumed = self.resumed.notified();
+            tokio::pin!(resumed);
+            resumed.as_mut().enable();
+            if !self.is_paused() {
+                return;
+            }
+            resumed.await;
+        }
+    }
+
+    fn current(&self, conn: &ServerConn) -> bool {
+        conn.generation == self.generation.load(Ordering::Acquire)
+    }
+
+    /// The idle server connections (SHOW SERVERS): each one's summary,
+    /// when it was last used, its prepared statements, and whether it is
+    /// of an older generation (closed instead of reused).
+    pub fn idle_servers(&self) -> Vec<IdleServer> {
+        let generation = self.generation.load(Ordering::Acquire);
+        self.idle
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|c| IdleServer {
+                summary: c.summary.clone(),
+                last_used: c.last_used,
+                prepared: c.prepared.len(),
+                stale: c.generation != generation,
+            })
+            .collect()
     }
 
     /// Idle server connections right now.
@@ -173,11 +336,12 @@ impl Pool {
     /// Waits for a server connection: an idle one if any is alive, else a new one.
     pub async fn checkout(&self) -> Result<Checkout, PgError> {
         let started = std::time::Instant::now();
+        let settings = self.settings.load_full();
         self.stats.waiting(1);
-        let permit = tokio::time::timeout(
-            self.settings.query_wait_timeout,
-            self.permits.clone().acquire_owned(),
-        )
+        let permit = tokio::time::timeout(settings.query_wait_timeout, async {
+            self.wait_unpaused().await;
+            self.permits.clone().acquire_owned().await
+        })
         .await;
         self.stats.waiting(-1);
         self.stats
@@ -193,18 +357,30 @@ impl Pool {
                 return Err(PgError::fatal(sqlstate::ADMIN_SHUTDOWN, "pool is closed"));
             }
             Err(_) => {
+                let detail = if self.is_paused() {
+                    format!(
+                        "database \"{}\" is paused (PAUSE or KILL on the admin console)",
+                        self.database
+                    )
+                } else {
+                    format!(
+                        "pool \"{}\"/\"{}\" has pool_size {} and all connections are in use",
+                        self.database, self.user, settings.size
+                    )
+                };
                 return Err(PgError::fatal(
                     sqlstate::TOO_MANY_CONNECTIONS,
                     format!(
                         "no server connection became free within query_wait_timeout ({:.1}s)",
-                        self.settings.query_wait_timeout.as_secs_f64()
+                        settings.query_wait_timeout.as_secs_f64()
                     ),
                 )
-                .with_detail(format!(
-                    "pool \"{}\"/\"{}\" has pool_size {} and all connections are in use",
-                    self.database, self.user, self.settings.size
-                )));
+                .with_detail(detail));
             }
+        };
+        let permit = Permit {
+            permit: Some(permit),
+            owed: self.owed.clone(),
         };
         self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
         while let Some(conn) = self.pop_idle() {
@@ -216,14 +392,23 @@ impl Pool {
                 });
             }
         }
-        let conn = backend::connect(&self.target, self.settings.server_connect_timeout).await?;
-        self.stats.connected();
+        let conn = self.connect(&settings).await?;
         tracing::debug!(server = conn.id, pid = conn.backend_pid(), db = %self.database, user = %self.user, "server connection opened");
         self.stats.active(1);
         Ok(Checkout {
             conn,
             _permit: permit,
         })
+    }
+
+    /// Opens a server connection of the current generation.
+    async fn connect(&self, settings: &PoolLimits) -> Result<ServerConn, PgError> {
+        let generation = self.generation.load(Ordering::Acquire);
+        let target = self.target.load_full();
+        let mut conn = backend::connect(&target, settings.server_connect_timeout).await?;
+        conn.generation = generation;
+        self.stats.connected();
+        Ok(conn)
     }
 
     fn pop_idle(&self) -> Option<ServerConn> {
@@ -247,6 +432,9 @@ impl Pool {
             tracing::debug!(server = conn.id, "server_lifetime reached; closing");
             return None;
         }
+        if !self.current(&conn) {
+            return None;
+        }
         if !conn.looks_alive() {
             tracing::info!(
                 server = conn.id,
@@ -255,10 +443,12 @@ impl Pool {
             );
             return None;
         }
-        if conn.last_used.elapsed() >= self.settings.server_check_delay {
-            let check =
-                tokio::time::timeout(self.settings.server_connect_timeout, conn.simple_query(""))
-                    .await;
+        let (check_delay, timeout) = {
+            let s = self.settings.load();
+            (s.server_check_delay, s.server_connect_timeout)
+        };
+        if conn.last_used.elapsed() >= check_delay {
+            let check = tokio::time::timeout(timeout, conn.simple_query("")).await;
             if !matches!(check, Ok(Ok(()))) {
                 tracing::info!(
                     server = conn.id,
@@ -273,6 +463,7 @@ impl Pool {
 
     fn past_lifetime(&self, conn: &ServerConn) -> bool {
         self.settings
+            .load()
             .server_lifetime
             .is_some_and(|l| conn.created.elapsed() >= l)
     }
@@ -286,6 +477,10 @@ impl Pool {
                 server = checkout.conn.id,
                 "server_lifetime reached; closing"
             );
+            return;
+        }
+        if !self.current(&checkout.conn) || self.is_paused() {
+            tracing::debug!(server = checkout.conn.id, "reconnect or pause; closing");
             return;
         }
         checkout.conn.last_used = std::time::Instant::now();
@@ -303,11 +498,11 @@ impl Pool {
     /// Session mode: runs `server_reset_query`, then returns the connection,
     /// or closes it if the reset fails.
     pub async fn reset_and_checkin(&self, mut checkout: Checkout) {
-        let query = &self.settings.server_reset_query;
+        let query = self.settings.load().server_reset_query.clone();
         if query.is_empty() {
             return self.checkin(checkout);
         }
-        match checkout.conn.simple_query(query).await {
+        match checkout.conn.simple_query(&query).await {
             Ok(()) => self.checkin(checkout),
             Err(e) => {
                 tracing::warn!(server = checkout.conn.id, error = %e, "server_reset_query failed; closing the connection");
@@ -316,21 +511,25 @@ impl Pool {
         }
     }
 
-    /// Closes every idle connection (used at shutdown).
+    /// Closes every idle connection (shutdown, PAUSE, RECONNECT).
     pub fn close_idle(&self) {
-        self.idle.lock().unwrap().clear();
+        let mut idle = self.idle.lock().unwrap();
+        idle.clear();
+        self.stats.metrics.idle.set(0.0);
     }
 
     /// Housekeeping, run periodically: closes idle connections past
     /// `server_idle_timeout` or `server_lifetime` (keeping `min_pool_size`),
     /// then opens connections up to `min_pool_size`.
     pub async fn maintain(&self) {
-        let min = self.settings.min_size.min(self.settings.size);
+        let settings = self.settings.load_full();
+        let min = settings.min_size.min(settings.size);
+        self.trim_idle();
         {
             let mut idle = self.idle.lock().unwrap();
             let active = self.stats.active.load(Ordering::Relaxed);
-            let idle_timeout = self.settings.server_idle_timeout;
-            let lifetime = self.settings.server_lifetime;
+            let idle_timeout = settings.server_idle_timeout;
+            let lifetime = settings.server_lifetime;
             // Oldest-used first: the LIFO list keeps them at the front.
             let mut keep = Vec::with_capacity(idle.len());
             let total = idle.len() + active;
@@ -347,13 +546,14 @@ impl Pool {
             }
             *idle = keep;
         }
-        while self.idle_count() + self.stats.active.load(Ordering::Relaxed) < min {
+        while self.idle_count() + self.stats.active.load(Ordering::Relaxed) < min
+            && !self.is_paused()
+        {
             let Ok(permit) = self.permits.clone().try_acquire_owned() else {
                 break;
             };
-            match backend::connect(&self.target, self.settings.server_connect_timeout).await {
+            match self.connect(&settings).await {
                 Ok(conn) => {
-                    self.stats.connected();
                     self.push_idle(conn);
                     drop(permit);
                 }
@@ -365,9 +565,23 @@ impl Pool {
         }
     }
 
+    /// Closes idle connections beyond `pool_size` (after it shrank).
+    fn trim_idle(&self) {
+        let size = self.settings.load().size;
+        let active = self.stats.active.load(Ordering::Relaxed);
+        let mut idle = self.idle.lock().unwrap();
+        let keep = size.saturating_sub(active);
+        if idle.len() > keep {
+            // The front holds the least recently used.
+            let extra = idle.len() - keep;
+            idle.drain(..extra);
+            self.stats.metrics.idle.set(idle.len() as f64);
+        }
+    }
+
     /// How often [`Pool::maintain`] should run for these settings.
     pub fn maintenance_interval(&self) -> Duration {
-        let s = &self.settings;
+        let s = self.settings.load();
         [s.server_idle_timeout, s.server_lifetime]
             .into_iter()
             .flatten()

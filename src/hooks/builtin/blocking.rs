@@ -15,7 +15,7 @@ use crate::hooks::roles::{RoleCache, RoleGraph};
 use crate::hooks::{ClientInfo, ConnectionCtx, Event, Hook, HookError, Rejection};
 use crate::protocol::error::sqlstate;
 use crate::protocol::PgError;
-use arc_swap::ArcSwapOption;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use async_trait::async_trait;
 use ipnet::IpNet;
 use std::collections::HashSet;
@@ -62,12 +62,19 @@ struct MaintenanceStyle {
     hint: Option<String>,
 }
 
+/// What `blocking:` compiles to.
+#[derive(Debug)]
+struct Policy {
+    rules: Vec<Rule>,
+    style: MaintenanceStyle,
+}
+
 /// The built-in `blocking` hook.
 #[derive(Debug)]
 pub struct Blocking {
-    rules: Vec<Rule>,
+    /// The rules and maintenance style; a config reload replaces them.
+    policy: ArcSwap<Policy>,
     maintenance: ArcSwapOption<Maintenance>,
-    style: MaintenanceStyle,
     maintenance_rejects: AtomicU64,
     roles: Arc<RoleCache>,
     query: Arc<QueryPool>,
@@ -129,9 +136,8 @@ impl Blocking {
             None => None,
         };
         Ok(Blocking {
-            rules,
+            policy: ArcSwap::from_pointee(Policy { rules, style }),
             maintenance: ArcSwapOption::new(maintenance),
-            style,
             maintenance_rejects: AtomicU64::new(0),
             roles,
             query,
@@ -141,12 +147,37 @@ impl Blocking {
     /// True when there is anything to check: otherwise the hook stays out
     /// of the dispatcher and costs nothing.
     pub fn active(&self) -> bool {
-        !self.rules.is_empty() || self.maintenance.load().is_some()
+        !self.policy.load().rules.is_empty() || self.maintenance.load().is_some()
+    }
+
+    /// A config reload: the rules of `new` (compiled from the new file)
+    /// replace these. Maintenance mode set in the file follows the file;
+    /// set from the console, it stays until MAINTENANCE OFF.
+    pub fn replace_rules(&self, new: Blocking) {
+        self.policy.store(new.policy.load_full());
+        let current = self.maintenance.load_full();
+        if current.as_ref().is_some_and(|m| m.source == "console") {
+            return;
+        }
+        let wanted = new.maintenance.load_full();
+        if current.as_ref().map(|m| &m.role) != wanted.as_ref().map(|m| &m.role) {
+            tracing::warn!(
+                role = wanted.as_ref().map(|m| m.role.as_str()),
+                "maintenance mode changed by reload"
+            );
+            self.maintenance.store(wanted);
+        }
     }
 
     /// True when some rule (or maintenance mode) asks about role membership.
     pub fn uses_roles(&self) -> bool {
-        self.maintenance.load().is_some() || self.rules.iter().any(|r| !r.member_of.is_empty())
+        self.maintenance.load().is_some()
+            || self
+                .policy
+                .load()
+                .rules
+                .iter()
+                .any(|r| !r.member_of.is_empty())
     }
 
     pub fn maintenance(&self) -> Option<Maintenance> {
@@ -201,11 +232,14 @@ impl Blocking {
     }
 
     /// The first rule that matches the client.
-    async fn first_match(&self, c: &ClientInfo) -> Result<Option<&Rule>, HookError> {
+    /// The first rule that matches the client: the rules it was checked
+    /// against and the rule's index in them.
+    async fn first_match(&self, c: &ClientInfo) -> Result<Option<(Arc<Policy>, usize)>, HookError> {
         let addr = c.addr.ip().to_canonical();
-        for rule in &self.rules {
+        let policy = self.policy.load_full();
+        for (i, rule) in policy.rules.iter().enumerate() {
             if rule.matches_cheaply(c, addr) && self.member_of_matches(rule, &c.user).await? {
-                return Ok(Some(rule));
+                return Ok(Some((policy, i)));
             }
         }
         Ok(None)
@@ -235,7 +269,7 @@ impl Blocking {
                 Some(self.maintenance_rejects.load(Ordering::Relaxed).to_string()),
             ]);
         }
-        for r in &self.rules {
+        for r in &self.policy.load().rules {
             rows.push(vec![
                 Some(r.name.clone()),
                 Some(r.action.to_string()),
@@ -365,25 +399,27 @@ impl Hook for Blocking {
         let c = ctx.client;
         if let Some(m) = self.maintenance.load_full() {
             if !self.graph().await?.is_member(&c.user, &m.role) {
+                let policy = self.policy.load();
                 self.maintenance_rejects.fetch_add(1, Ordering::Relaxed);
                 metrics::counter!("usher_blocking_matches_total", "rule" => "maintenance", "action" => "deny")
                     .increment(1);
                 ctx.reject = Some(Rejection {
-                    message: self.style.message.clone().unwrap_or_else(|| {
+                    message: policy.style.message.clone().unwrap_or_else(|| {
                         format!(
                             "usher is in maintenance mode: only members of role \"{}\" may connect",
                             m.role
                         )
                     }),
-                    sqlstate: self.style.sqlstate.clone(),
+                    sqlstate: policy.style.sqlstate.clone(),
                     detail: None,
-                    hint: self.style.hint.clone(),
+                    hint: policy.style.hint.clone(),
                     hook: Blocking::NAME.to_string(),
                 });
                 return Ok(());
             }
         }
-        if let Some(rule) = self.first_match(c).await? {
+        if let Some((policy, i)) = self.first_match(c).await? {
+            let rule = &policy.rules[i];
             rule.matches.fetch_add(1, Ordering::Relaxed);
             metrics::counter!("usher_blocking_matches_total", "rule" => rule.name.clone(), "action" => rule.action.to_string())
                 .increment(1);

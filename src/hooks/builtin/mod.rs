@@ -41,12 +41,7 @@ impl Builtins {
         roles: &Arc<RoleCache>,
         query: &Arc<QueryPool>,
     ) -> Result<Builtins, ConfigError> {
-        let blocking = Blocking::from_config(&config.blocking, roles.clone(), query.clone())
-            .map_err(|(key, message)| ConfigError {
-                file: config.source.clone(),
-                key,
-                message,
-            })?;
+        let blocking = Builtins::blocking(config, roles, query)?;
         let monitor_config = config.auth_monitor.as_ref().filter(|m| m.enabled);
         // A state file that can never be written would lose the counters
         // silently at every restart: say so now.
@@ -68,6 +63,21 @@ impl Builtins {
             auth_monitor,
             blocking: Arc::new(blocking),
         })
+    }
+
+    /// Compiles `blocking:` (also on reload, to replace the rules).
+    pub fn blocking(
+        config: &Config,
+        roles: &Arc<RoleCache>,
+        query: &Arc<QueryPool>,
+    ) -> Result<Blocking, ConfigError> {
+        Blocking::from_config(&config.blocking, roles.clone(), query.clone()).map_err(
+            |(key, message)| ConfigError {
+                file: config.source.clone(),
+                key,
+                message,
+            },
+        )
     }
 
     /// The built-ins that have work to do, in calling order: blocking, then

@@ -6,55 +6,10 @@
 mod common;
 
 use common::attempts::expect_outcome;
+use common::console::{console, console_at, get, row};
 use common::{sqlstate, PgCluster, Usher, UsherProcess, ALICE_PASSWORD, BOB_PASSWORD};
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
-use tokio_postgres::SimpleQueryMessage;
 use usher::auth::AuthOutcome;
-
-type Row = HashMap<String, Option<String>>;
-
-/// Runs a console command as `admin` on the usher listening on `port`.
-async fn console_at(port: u16, command: &str) -> Result<Vec<Row>, tokio_postgres::Error> {
-    let conn = format!("host=127.0.0.1 port={port} user=admin password=admin-pw dbname=usher");
-    let (c, driver) = tokio_postgres::connect(&conn, tokio_postgres::NoTls).await?;
-    tokio::spawn(driver);
-    let rows = c
-        .simple_query(command)
-        .await?
-        .into_iter()
-        .filter_map(|m| match m {
-            SimpleQueryMessage::Row(r) => Some(
-                r.columns()
-                    .iter()
-                    .enumerate()
-                    .map(|(i, col)| (col.name().to_string(), r.get(i).map(str::to_string)))
-                    .collect(),
-            ),
-            _ => None,
-        })
-        .collect();
-    Ok(rows)
-}
-
-async fn console(usher: &Usher, command: &str) -> Vec<Row> {
-    console_at(usher.addr.port(), command)
-        .await
-        .unwrap_or_else(|e| panic!("{command}: {e:?}"))
-}
-
-/// The row of `key` = `value` in a console result.
-fn row<'a>(rows: &'a [Row], key: &str, value: &str) -> &'a Row {
-    rows.iter()
-        .find(|r| r[key].as_deref() == Some(value))
-        .unwrap_or_else(|| panic!("no row with {key} = {value:?} in {rows:#?}"))
-}
-
-fn get<'a>(r: &'a Row, column: &str) -> Option<&'a str> {
-    r.get(column)
-        .unwrap_or_else(|| panic!("no column {column} in {r:?}"))
-        .as_deref()
-}
 
 /// The error (SQLSTATE, message) a refused login gets.
 async fn refused(usher: &Usher, conn: &str) -> (String, String) {

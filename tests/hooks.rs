@@ -53,13 +53,7 @@ async fn console(
     usher: &Usher,
     command: &str,
 ) -> Result<Vec<tokio_postgres::SimpleQueryMessage>, tokio_postgres::Error> {
-    let conn = format!(
-        "host=127.0.0.1 port={} user=admin password=admin-pw dbname=usher",
-        usher.addr.port()
-    );
-    let (c, driver) = tokio_postgres::connect(&conn, tokio_postgres::NoTls).await?;
-    tokio::spawn(driver);
-    c.simple_query(command).await
+    common::console::console_messages(usher.addr.port(), command).await
 }
 
 /// SHOW HOOKS as (hook, column) → value.

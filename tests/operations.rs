@@ -4,6 +4,7 @@
 
 mod common;
 
+use common::console::console_table;
 use common::{sqlstate, PgCluster, Usher, UsherProcess, ALICE_PASSWORD};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -458,31 +459,6 @@ async fn the_metrics_endpoint_moves_with_traffic() {
     assert!(!after.contains("127.0.0.1"), "{after}");
 }
 
-/// A console command's column names and rows (as text).
-async fn console(usher: &Usher, command: &str) -> (Vec<String>, Vec<Vec<String>>) {
-    let conn = format!(
-        "host=127.0.0.1 port={} user=admin password=admin-pw dbname=pgbouncer",
-        usher.addr.port()
-    );
-    let (c, driver) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(driver);
-    let mut columns = Vec::new();
-    let mut rows = Vec::new();
-    for m in c.simple_query(command).await.unwrap() {
-        if let tokio_postgres::SimpleQueryMessage::Row(r) = m {
-            columns = r.columns().iter().map(|c| c.name().to_string()).collect();
-            rows.push(
-                (0..r.len())
-                    .map(|i| r.get(i).unwrap_or("").to_string())
-                    .collect(),
-            );
-        }
-    }
-    (columns, rows)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn console_columns_match_pgbouncer_and_stats_move() {
     let pg = PgCluster::shared();
@@ -491,7 +467,7 @@ async fn console_columns_match_pgbouncer_and_stats_move() {
     for _ in 0..5 {
         c.simple_query("SELECT 1").await.unwrap();
     }
-    let (columns, rows) = console(&usher, "SHOW POOLS").await;
+    let (columns, rows) = console_table(&usher, "SHOW POOLS").await;
     assert_eq!(
         columns,
         "database user cl_active cl_waiting cl_active_cancel_req cl_waiting_cancel_req sv_active sv_active_cancel sv_being_canceled sv_idle sv_used sv_tested sv_login maxwait maxwait_us pool_mode load_balance_hosts"
@@ -499,7 +475,7 @@ async fn console_columns_match_pgbouncer_and_stats_move() {
             .collect::<Vec<_>>()
     );
     assert_eq!(rows.len(), 1);
-    let (columns, rows) = console(&usher, "SHOW STATS").await;
+    let (columns, rows) = console_table(&usher, "SHOW STATS").await;
     assert_eq!(
         columns,
         "database total_server_assignment_count total_xact_count total_query_count total_received total_sent total_xact_time total_query_time total_wait_time total_client_parse_count total_server_parse_count total_bind_count avg_server_assignment_count avg_xact_count avg_query_count avg_recv avg_sent avg_xact_time avg_query_time avg_wait_time avg_client_parse_count avg_server_parse_count avg_bind_count"
@@ -523,14 +499,14 @@ async fn console_columns_match_pgbouncer_and_stats_move() {
     );
     let before = col("total_query_count");
     c.simple_query("SELECT 2").await.unwrap();
-    let (_, rows) = console(&usher, "SELECT STATS").await;
+    let (_, rows) = console_table(&usher, "SELECT STATS").await;
     let app = rows.iter().find(|r| r[0] == "app").unwrap();
     assert_eq!(
         app[3].parse::<u64>().unwrap(),
         before + 1,
         "SELECT is an alias of SHOW; the count moved"
     );
-    let (columns, _) = console(&usher, "SHOW STATS_TOTALS").await;
+    let (columns, _) = console_table(&usher, "SHOW STATS_TOTALS").await;
     assert_eq!(
         columns[..4],
         [
@@ -540,11 +516,11 @@ async fn console_columns_match_pgbouncer_and_stats_move() {
             "query_count"
         ]
     );
-    let (columns, rows) = console(&usher, "SHOW DATABASES").await;
+    let (columns, rows) = console_table(&usher, "SHOW DATABASES").await;
     assert_eq!(columns[0], "name");
     assert_eq!(columns.last().unwrap(), "disabled");
     assert!(rows.iter().any(|r| r[0] == "app"));
-    let (_, rows) = console(&usher, "SHOW CONFIG").await;
+    let (_, rows) = console_table(&usher, "SHOW CONFIG").await;
     assert!(
         rows.iter()
             .any(|r| r[0] == "pool_mode" && r[1] == "transaction"),

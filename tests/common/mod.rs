@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod attempts;
+pub mod console;
 pub mod tls;
 pub mod wire;
 
@@ -267,10 +268,13 @@ pub fn usher_yaml(cluster: &PgCluster, extra: &str) -> String {
     )
 }
 
-/// usher running inside the test process; shut down when dropped.
+/// usher running inside the test process; shut down when dropped. Its
+/// configuration is a file (`config_path`) that RELOAD reads again.
 pub struct Usher {
     pub addr: SocketAddr,
     pub app: Arc<usher::App>,
+    pub config_path: PathBuf,
+    _dir: tempfile::TempDir,
 }
 
 impl Usher {
@@ -280,14 +284,27 @@ impl Usher {
 
     pub async fn start_yaml(yaml: &str) -> Usher {
         init_tracing();
-        let config = usher::Config::from_yaml(yaml, "test.yaml").expect("test config");
+        let dir = tempfile::tempdir().unwrap();
+        let config_path = dir.path().join("usher.yaml");
+        std::fs::write(&config_path, yaml).unwrap();
+        let config = usher::Config::load(&config_path).expect("test config");
         let server = usher::Server::bind(config, Default::default())
             .await
             .expect("bind");
         let addr = server.local_addr();
         let app = server.app.clone();
         tokio::spawn(server.run());
-        Usher { addr, app }
+        Usher {
+            addr,
+            app,
+            config_path,
+            _dir: dir,
+        }
+    }
+
+    /// Replaces the configuration file (RELOAD reads it).
+    pub fn rewrite_config(&self, yaml: &str) {
+        std::fs::write(&self.config_path, yaml).unwrap();
     }
 
     pub fn conn_str(&self, user: &str, password: &str) -> String {

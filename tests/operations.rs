@@ -182,7 +182,7 @@ async fn pgbench_runs_without_failures_in_both_modes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_lets_running_transactions_finish_then_exits() {
+async fn sigint_lets_running_transactions_finish_then_exits() {
     let pg = PgCluster::shared();
     let mut usher = UsherProcess::start(pg, "pool_mode: transaction\nshutdown_timeout: 20\n");
     let conn = format!(
@@ -206,7 +206,9 @@ async fn sigterm_lets_running_transactions_finish_then_exits() {
     tx.execute("INSERT INTO shutdown_t VALUES (1)", &[])
         .await
         .unwrap();
-    usher.signal(libc::SIGTERM);
+    // SIGINT is PgBouncer's "wait for servers": each client ends once its
+    // transaction is over.
+    usher.signal(libc::SIGINT);
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     // No new clients are accepted.
@@ -227,19 +229,120 @@ async fn sigterm_lets_running_transactions_finish_then_exits() {
         .unwrap()
         .expect_err("client closed after its transaction");
     assert_eq!(sqlstate(&e).as_deref(), Some("57P01"), "{e:?}");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(s) = usher.child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "usher did not exit");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert!(status.success(), "{status:?}");
+    assert!(wait_exit(&mut usher), "usher exits cleanly");
     assert_eq!(
         pg.psql_super_db("app", "SELECT count(*) FROM shutdown_t"),
         "2"
     );
+}
+
+/// Waits for the usher process to exit; returns whether it exited cleanly.
+fn wait_exit(usher: &mut UsherProcess) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(s) = usher.child.try_wait().unwrap() {
+            return s.success();
+        }
+        assert!(Instant::now() < deadline, "usher did not exit");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_waits_for_clients_to_leave() {
+    let pg = PgCluster::shared();
+    let mut usher = UsherProcess::start(pg, "pool_mode: transaction\nshutdown_timeout: 20\n");
+    let conn = format!(
+        "host=127.0.0.1 port={} user=alice password={ALICE_PASSWORD} dbname=app",
+        usher.port
+    );
+    let (c, driver) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let driver = tokio::spawn(driver);
+    c.batch_execute("SELECT 1").await.unwrap();
+    // SIGTERM is PgBouncer's "wait for clients": no new clients, but the
+    // connected one keeps working, transaction after transaction.
+    usher.signal(libc::SIGTERM);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(tokio_postgres::connect(&conn, tokio_postgres::NoTls)
+        .await
+        .is_err());
+    for _ in 0..3 {
+        c.batch_execute("BEGIN; SELECT 1; COMMIT").await.unwrap();
+    }
+    assert!(
+        usher.child.try_wait().unwrap().is_none(),
+        "usher left early"
+    );
+    // Once it leaves, usher exits cleanly.
+    drop(c);
+    driver.await.unwrap().unwrap();
+    assert!(wait_exit(&mut usher));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigusr1_pauses_and_sigusr2_resumes() {
+    let pg = PgCluster::shared();
+    let usher = UsherProcess::start(pg, "pool_mode: transaction\n");
+    let conn = format!(
+        "host=127.0.0.1 port={} user=alice password={ALICE_PASSWORD} dbname=app",
+        usher.port
+    );
+    let (c, driver) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(driver);
+    c.batch_execute("SELECT 1").await.unwrap();
+    usher.signal(libc::SIGUSR1);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let query = tokio::spawn(async move { c.batch_execute("SELECT 1").await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!query.is_finished(), "a query ran while paused");
+    usher.signal(libc::SIGUSR2);
+    tokio::time::timeout(Duration::from_secs(10), query)
+        .await
+        .expect("the query ran after SIGUSR2")
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_configuration_file() {
+    let pg = PgCluster::shared();
+    let usher = UsherProcess::start(pg, "pool_size: 3\n");
+    let admin = format!(
+        "host=127.0.0.1 port={} user=admin password=admin-pw dbname=pgbouncer",
+        usher.port
+    );
+    let pool_size = || async {
+        let (c, driver) = tokio_postgres::connect(&admin, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(driver);
+        let rows = c.simple_query("SHOW CONFIG").await.unwrap();
+        rows.iter()
+            .find_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) if r.get(0) == Some("pool_size") => {
+                    r.get(1).map(str::to_string)
+                }
+                _ => None,
+            })
+            .unwrap()
+    };
+    assert_eq!(pool_size().await, "3");
+    let yaml = std::fs::read_to_string(&usher.config_path).unwrap();
+    std::fs::write(
+        &usher.config_path,
+        yaml.replace("pool_size: 3", "pool_size: 6"),
+    )
+    .unwrap();
+    usher.signal(libc::SIGHUP);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pool_size().await != "6" {
+        assert!(Instant::now() < deadline, "SIGHUP did not reload");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[test]

@@ -342,6 +342,8 @@ impl Drop for Usher {
 pub struct UsherProcess {
     pub child: Child,
     pub port: u16,
+    /// The configuration file it runs with (SIGHUP reads it again).
+    pub config_path: PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -370,6 +372,7 @@ impl UsherProcess {
         UsherProcess {
             child,
             port,
+            config_path: path,
             _dir: dir,
         }
     }

@@ -48,7 +48,9 @@ impl App {
         let pools = self.pools.pause(database);
         let mut killed = 0;
         for client in self.clients.all() {
-            if database.is_none_or(|d| client.facts.database == d) {
+            let db = client.facts.database.as_str();
+            // The console's own clients are not a database's clients.
+            if !crate::admin::is_admin_database(db) && database.is_none_or(|d| db == d) {
                 client.kill();
                 killed += 1;
             }

@@ -82,6 +82,11 @@ async fn pause_waits_for_transactions_holds_clients_and_resume_releases_them() {
         "{clients:#?}"
     );
     assert!(still_pending(&query).await, "a query ran while paused");
+    let pools = console(&usher, "SHOW POOLS").await;
+    let pool = row(&pools, "database", "app");
+    let waited_us: u64 = get(pool, "maxwait").unwrap().parse::<u64>().unwrap() * 1_000_000
+        + get(pool, "maxwait_us").unwrap().parse::<u64>().unwrap();
+    assert!(waited_us >= 300_000, "maxwait shows the wait: {pool:?}");
 
     console(&usher, "RESUME app").await;
     assert_eq!(query.await.unwrap().unwrap(), 42);

@@ -10,12 +10,14 @@ mod stats;
 
 use crate::app::{App, ShutdownMode};
 use crate::frontend::close_with_error;
+use crate::frontend::registry::{ClientState, Registration};
 use crate::frontend::stream::ClientStream;
 use crate::hooks::builtin::{AuthMonitor, Table};
 use crate::protocol::error::sqlstate;
 use crate::protocol::messages::{self, read_message};
 use crate::protocol::PgError;
 use bytes::BytesMut;
+use std::collections::HashMap;
 use std::sync::Arc;
 use tokio::io::AsyncWriteExt;
 
@@ -34,10 +36,11 @@ pub enum Role {
     Stats,
 }
 
-/// A logged-in console session.
+/// A logged-in console session (listed by SHOW CLIENTS like any client).
 pub struct Console {
     app: Arc<App>,
     role: Role,
+    registration: Registration,
 }
 
 impl Console {
@@ -45,8 +48,9 @@ impl Console {
     pub async fn login(
         app: Arc<App>,
         stream: &mut ClientStream,
-        user: &str,
+        registration: Registration,
     ) -> Result<Console, PgError> {
+        let user = registration.handle.facts.user.as_str();
         let config = app.config();
         let admin = &config.admin;
         let role = if admin.users.iter().any(|u| u == user) {
@@ -79,16 +83,34 @@ impl Console {
             .write_all(&out)
             .await
             .map_err(|_| PgError::protocol("client went away"))?;
-        Ok(Console { app, role })
+        Ok(Console {
+            app,
+            role,
+            registration,
+        })
     }
 
-    /// Answers simple queries until the client leaves.
+    /// Answers simple queries until the client leaves or is killed.
     pub async fn serve(self, mut stream: ClientStream) {
+        let handle = self.registration.handle.clone();
+        tokio::select! {
+            _ = self.answer(&mut stream) => {}
+            _ = handle.killed() => {
+                let e = PgError::fatal(
+                    sqlstate::ADMIN_SHUTDOWN,
+                    "terminating connection due to administrator command",
+                );
+                close_with_error(&mut stream, &e).await;
+            }
+        }
+    }
+
+    async fn answer(&self, stream: &mut ClientStream) {
         loop {
-            let msg = match read_message(&mut stream, 64 * 1024).await {
+            let msg = match read_message(stream, 64 * 1024).await {
                 Ok(Some(m)) => m,
                 Ok(None) => return,
-                Err(e) => return close_with_error(&mut stream, &e).await,
+                Err(e) => return close_with_error(stream, &e).await,
             };
             let mut out = BytesMut::new();
             match msg.tag {
@@ -107,7 +129,7 @@ impl Console {
                         sqlstate::FEATURE_NOT_SUPPORTED,
                         "the admin console supports only the simple query protocol",
                     );
-                    return close_with_error(&mut stream, &e).await;
+                    return close_with_error(stream, &e).await;
                 }
             }
             if stream.write_all(&out).await.is_err() {
@@ -400,14 +422,30 @@ impl Console {
         ];
         let mut pools = self.app.pools.all();
         pools.sort_by(|a, b| (&a.database, &a.user).cmp(&(&b.database, &b.user)));
+        // Per pool: logged-in clients not waiting (PgBouncer counts idle
+        // clients as active too) and the longest current wait.
+        let mut clients: HashMap<(String, String), (usize, u64)> = HashMap::new();
+        for c in self.app.clients.all() {
+            let key = (c.facts.database.clone(), c.facts.user.clone());
+            let entry = clients.entry(key).or_default();
+            if c.state() == ClientState::Waiting {
+                entry.1 = entry.1.max(c.wait_us());
+            } else {
+                entry.0 += 1;
+            }
+        }
         let rows = pools
             .iter()
             .map(|p| {
                 let n = |v: usize| Some(v.to_string());
+                let (active, maxwait_us) = clients
+                    .get(&(p.database.clone(), p.user.clone()))
+                    .copied()
+                    .unwrap_or_default();
                 vec![
                     Some(p.database.clone()),
                     Some(p.user.clone()),
-                    n(p.stats.active.load(Relaxed)),
+                    n(active),
                     n(p.stats.waiting.load(Relaxed)),
                     n(0),
                     n(0),
@@ -418,8 +456,8 @@ impl Console {
                     n(0),
                     n(0),
                     n(0),
-                    n(0),
-                    n(0),
+                    Some((maxwait_us / 1_000_000).to_string()),
+                    Some((maxwait_us % 1_000_000).to_string()),
                     Some(p.mode().to_string()),
                     None,
                 ]

@@ -247,8 +247,24 @@ async fn login(
     };
     progress.record(app, AuthOutcome::Success).await;
 
+    let tls = stream.tls_info();
+    let application_name = StartupPacket::param(&params, "application_name")
+        .unwrap_or_default()
+        .to_string();
+    let facts = ClientFacts {
+        user: user.clone(),
+        database: database.clone(),
+        addr,
+        local: stream.local_addr(),
+        application_name: application_name.clone(),
+        tls: tls
+            .as_ref()
+            .map(|t| format!("{}/{}", t.version, t.cipher))
+            .unwrap_or_default(),
+    };
     if crate::admin::is_admin_database(&database) {
-        return crate::admin::Console::login(app.clone(), stream, &user)
+        let registration = app.clients.register(facts);
+        return crate::admin::Console::login(app.clone(), stream, registration)
             .await
             .map(|c| Some(LoggedIn::Admin(c)));
     }
@@ -268,21 +284,7 @@ async fn login(
         .get_or_create(config, &database, &user, server_tls, credential)
         .ok_or_else(unknown_database)?;
     let mut session_params = SessionParams::from_startup(&params)?;
-    let tls = stream.tls_info();
-    let application_name = StartupPacket::param(&params, "application_name")
-        .unwrap_or_default()
-        .to_string();
-    let registration = app.clients.register(ClientFacts {
-        user: user.clone(),
-        database: database.clone(),
-        addr,
-        local: stream.local_addr(),
-        application_name: application_name.clone(),
-        tls: tls
-            .as_ref()
-            .map(|t| format!("{}/{}", t.version, t.cipher))
-            .unwrap_or_default(),
-    });
+    let registration = app.clients.register(facts);
     let client = ClientInfo {
         id: registration.handle.pid,
         application_name,

@@ -9,10 +9,12 @@ use crate::backend::ServerSummary;
 use dashmap::DashMap;
 use rand::Rng;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use atomic_waker::AtomicWaker;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::{SystemTime, UNIX_EPOCH};
-use tokio::sync::Notify;
 
 /// What a client is doing, as SHOW CLIENTS says it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,7 +70,14 @@ pub struct ClientHandle {
     /// The server connection serving the client right now, if any.
     serving: Mutex<Option<Arc<ServerSummary>>>,
     /// KILL_CLIENT / KILL: the session ends as soon as it is woken.
-    kill: Notify,
+    kill: KillSwitch,
+}
+
+/// A flag and a waker, lock-free: the serve loop polls it at every wake-up.
+#[derive(Debug, Default)]
+struct KillSwitch {
+    killed: AtomicBool,
+    waker: AtomicWaker,
 }
 
 impl ClientHandle {
@@ -131,12 +140,25 @@ impl ClientHandle {
 
     /// Ends the client's session (KILL_CLIENT, KILL).
     pub fn kill(&self) {
-        self.kill.notify_one();
+        self.kill.killed.store(true, Ordering::Release);
+        self.kill.waker.wake();
     }
 
     /// Resolves once the client is killed.
-    pub async fn killed(&self) {
-        self.kill.notified().await
+    pub fn killed(&self) -> impl Future<Output = ()> + '_ {
+        std::future::poll_fn(move |cx| {
+            let k = &self.kill;
+            if k.killed.load(Ordering::Acquire) {
+                return Poll::Ready(());
+            }
+            k.waker.register(cx.waker());
+            // A kill between the check and the registration woke nobody.
+            if k.killed.load(Ordering::Acquire) {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
     }
 }
 
@@ -206,7 +228,7 @@ impl ClientRegistry {
                     wait_since_us: AtomicU64::new(0),
                     prepared: AtomicU32::new(0),
                     serving: Mutex::new(None),
-                    kill: Notify::new(),
+                    kill: KillSwitch::default(),
                 });
                 v.insert(handle.clone());
                 return Registration {
@@ -281,5 +303,23 @@ mod tests {
         r.handle.set_server(None);
         assert_eq!(r.handle.state(), ClientState::Idle);
         assert_eq!(r.handle.wait_us(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_kill_wakes_the_waiting_session_even_if_it_came_first() {
+        let registry = Arc::new(ClientRegistry::default());
+        let r = registry.register(facts());
+        let handle = r.handle.clone();
+        let waiting = tokio::spawn(async move { handle.killed().await });
+        tokio::task::yield_now().await;
+        r.handle.kill();
+        tokio::time::timeout(std::time::Duration::from_secs(5), waiting)
+            .await
+            .expect("the kill woke it")
+            .unwrap();
+        // Killed before anyone waits: resolves at once.
+        tokio::time::timeout(std::time::Duration::from_secs(5), r.handle.killed())
+            .await
+            .expect("already killed");
     }
 }

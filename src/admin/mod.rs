@@ -96,7 +96,10 @@ impl Console {
                     let sql = sql.trim_end_matches('\0');
                     match self.run(sql).await {
                         Ok(reply) => reply.encode(&mut out),
-                        Err(e) => e.encode(&mut out),
+                        Err(e) => {
+                            crate::frontend::count_error(&e);
+                            e.encode(&mut out)
+                        }
                     }
                     messages::ready_for_query(&mut out, b'I');
                 }

@@ -40,6 +40,10 @@ pub struct PoolStats {
     /// Total microseconds server connections spent lent for a transaction
     /// (transaction mode).
     pub xact_us: AtomicU64,
+    /// Clients holding a server connection of this pool right now.
+    pub clients_active: AtomicUsize,
+    /// Server connections being opened (connect and login) right now.
+    pub servers_login: AtomicUsize,
 }
 
 /// Server connections for one (database, user).
@@ -73,6 +77,12 @@ struct PoolMetrics {
     idle: metrics::Gauge,
     connects: metrics::Counter,
     wait: metrics::Histogram,
+    clients_active: metrics::Gauge,
+    servers_login: metrics::Gauge,
+    transaction: metrics::Histogram,
+    queries: metrics::Counter,
+    received: metrics::Counter,
+    sent: metrics::Counter,
 }
 
 impl PoolStats {
@@ -90,6 +100,12 @@ impl PoolStats {
                 idle: metrics::gauge!(m::SERVERS_IDLE, &labels),
                 connects: metrics::counter!(m::SERVER_CONNECTS, &labels),
                 wait: metrics::histogram!(m::WAIT_SECONDS, &labels),
+                clients_active: metrics::gauge!(m::CLIENTS_ACTIVE, &labels),
+                servers_login: metrics::gauge!(m::SERVERS_LOGIN, &labels),
+                transaction: metrics::histogram!(m::TRANSACTION_SECONDS, &labels),
+                queries: metrics::counter!(m::QUERIES, &labels),
+                received: metrics::counter!(m::CLIENT_RECEIVED_BYTES, &labels),
+                sent: metrics::counter!(m::CLIENT_SENT_BYTES, &labels),
             },
             server_connects: AtomicU64::new(0),
             checkouts: AtomicU64::new(0),
@@ -101,6 +117,8 @@ impl PoolStats {
             received: AtomicU64::new(0),
             sent: AtomicU64::new(0),
             xact_us: AtomicU64::new(0),
+            clients_active: AtomicUsize::new(0),
+            servers_login: AtomicUsize::new(0),
         }
     }
 
@@ -131,6 +149,61 @@ impl PoolStats {
     pub fn transaction_done(&self) {
         self.transactions.fetch_add(1, Ordering::Relaxed);
         self.metrics.transactions.increment(1);
+    }
+
+    /// A client took (+1) or gave back (-1) a server connection.
+    pub fn client_active(&self, delta: isize) {
+        if delta > 0 {
+            self.clients_active.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.clients_active.fetch_sub(1, Ordering::Relaxed);
+        }
+        self.metrics.clients_active.increment(delta as f64);
+    }
+
+    /// A transaction-mode server connection went back after `lent`.
+    pub fn transaction_time(&self, lent: Duration) {
+        self.xact_us
+            .fetch_add(lent.as_micros() as u64, Ordering::Relaxed);
+        self.metrics.transaction.record(lent.as_secs_f64());
+    }
+
+    /// Queries (Query and Execute messages) clients sent.
+    pub fn queries(&self, n: u64) {
+        if n > 0 {
+            self.queries.fetch_add(n, Ordering::Relaxed);
+            self.metrics.queries.increment(n);
+        }
+    }
+
+    /// Bytes received from a client (forwarded to its server).
+    pub fn received(&self, bytes: u64) {
+        self.received.fetch_add(bytes, Ordering::Relaxed);
+        self.metrics.received.increment(bytes);
+    }
+
+    /// Bytes sent to a client (from its server).
+    pub fn sent(&self, bytes: u64) {
+        self.sent.fetch_add(bytes, Ordering::Relaxed);
+        self.metrics.sent.increment(bytes);
+    }
+
+    /// Counts a server connection being opened until the guard drops
+    /// (the connect and login ended, well or not, or were abandoned).
+    fn logging_in(&self) -> LoginGuard<'_> {
+        self.servers_login.fetch_add(1, Ordering::Relaxed);
+        self.metrics.servers_login.increment(1.0);
+        LoginGuard(self)
+    }
+}
+
+/// See [`PoolStats::logging_in`].
+struct LoginGuard<'a>(&'a PoolStats);
+
+impl Drop for LoginGuard<'_> {
+    fn drop(&mut self) {
+        self.0.servers_login.fetch_sub(1, Ordering::Relaxed);
+        self.0.metrics.servers_login.decrement(1.0);
     }
 }
 
@@ -216,7 +289,10 @@ impl Pool {
                 });
             }
         }
-        let conn = backend::connect(&self.target, self.settings.server_connect_timeout).await?;
+        let login = self.stats.logging_in();
+        let conn = backend::connect(&self.target, self.settings.server_connect_timeout).await;
+        drop(login);
+        let conn = conn?;
         self.stats.connected();
         tracing::debug!(server = conn.id, pid = conn.backend_pid(), db = %self.database, user = %self.user, "server connection opened");
         self.stats.active(1);
@@ -351,7 +427,10 @@ impl Pool {
             let Ok(permit) = self.permits.clone().try_acquire_owned() else {
                 break;
             };
-            match backend::connect(&self.target, self.settings.server_connect_timeout).await {
+            let login = self.stats.logging_in();
+            let conn = backend::connect(&self.target, self.settings.server_connect_timeout).await;
+            drop(login);
+            match conn {
                 Ok(conn) => {
                     self.stats.connected();
                     self.push_idle(conn);

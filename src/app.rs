@@ -302,10 +302,13 @@ impl App {
         Ok(changed)
     }
 
-    /// Reports an authentication outcome: logged, handed to the
-    /// auth_attempt hooks, and sent to whoever subscribed.
+    /// Reports an authentication outcome: logged (with `log.connections`),
+    /// counted, handed to the auth_attempt hooks, and sent to whoever
+    /// subscribed.
     pub async fn record(&self, attempt: AuthAttempt) {
-        attempt.log();
+        if self.config.log.connections {
+            attempt.log();
+        }
         metrics::counter!(crate::metrics::AUTH_ATTEMPTS, "outcome" => attempt.outcome.as_str())
             .increment(1);
         self.hooks.auth_attempt(&attempt).await;

@@ -10,6 +10,7 @@ pub mod backend;
 pub mod config;
 pub mod frontend;
 pub mod hooks;
+pub mod logging;
 pub mod metrics;
 pub mod pool;
 pub mod protocol;

@@ -412,6 +412,7 @@ const WRONG_PASSWORD: &str = "not-alices-pw";
 struct LoggedUsher {
     child: std::process::Child,
     port: u16,
+    log: std::path::PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -441,6 +442,7 @@ impl LoggedUsher {
         LoggedUsher {
             child,
             port,
+            log,
             _dir: dir,
         }
     }
@@ -450,6 +452,10 @@ impl LoggedUsher {
             "host=127.0.0.1 port={} user={user} password={password} dbname={db}",
             self.port
         )
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap()
     }
 }
 
@@ -628,6 +634,130 @@ async fn the_metrics_endpoint_moves_with_traffic() {
     // No label carries a client address or an unknown user name.
     assert!(!text.contains("127.0.0.1"), "{text}");
     drop(silent);
+}
+
+/// Waits until the log has a line containing `what`; returns the log.
+async fn log_until(usher: &LoggedUsher, what: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let log = usher.log();
+        if log.contains(what) {
+            return log;
+        }
+        assert!(Instant::now() < deadline, "no {what:?} in the log:\n{log}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The number after `name=` in `line`.
+fn field(line: &str, name: &str) -> u64 {
+    let at = line
+        .find(&format!(" {name}="))
+        .unwrap_or_else(|| panic!("no {name} in {line}"));
+    line[at + name.len() + 2..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap_or_else(|_| panic!("{name} is not a number in {line}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_events_are_logged_as_configured() {
+    let pg = PgCluster::shared();
+    for (extra, on) in [
+        ("", true),
+        (
+            "log:\n  connections: false\n  disconnections: false\n",
+            false,
+        ),
+    ] {
+        let usher = LoggedUsher::start(&common::usher_yaml(pg, extra));
+        let (c, driver) = tokio_postgres::connect(
+            &usher.conn_str("alice", ALICE_PASSWORD, "app"),
+            tokio_postgres::NoTls,
+        )
+        .await
+        .unwrap();
+        let driver = tokio::spawn(driver);
+        c.simple_query("SELECT repeat('x', 1000)").await.unwrap();
+        assert!(tokio_postgres::connect(
+            &usher.conn_str("alice", WRONG_PASSWORD, "app"),
+            tokio_postgres::NoTls,
+        )
+        .await
+        .is_err());
+        drop(c);
+        driver.await.unwrap().unwrap();
+        // The client has left when only the console's own connection is
+        // counted; its disconnect line (if any) is written by then.
+        let (console, console_driver) = tokio_postgres::connect(
+            &usher.conn_str("admin", "admin-pw", "usher"),
+            tokio_postgres::NoTls,
+        )
+        .await
+        .unwrap();
+        tokio::spawn(console_driver);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let used = console
+                .simple_query("SHOW LISTS")
+                .await
+                .unwrap()
+                .into_iter()
+                .find_map(|m| match m {
+                    tokio_postgres::SimpleQueryMessage::Row(r)
+                        if r.get(0) == Some("used_clients") =>
+                    {
+                        r.get(1).map(str::to_string)
+                    }
+                    _ => None,
+                });
+            if used.as_deref() == Some("1") {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the client never left: {used:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let log = log_until(&usher, "usher is accepting connections").await;
+        assert!(
+            !log.contains(ALICE_PASSWORD),
+            "a password in the log:\n{log}"
+        );
+        assert!(
+            !log.contains(WRONG_PASSWORD),
+            "a password in the log:\n{log}"
+        );
+        if !on {
+            for line in [
+                "connection accepted",
+                "login ok",
+                "login failed",
+                "client disconnected",
+            ] {
+                assert!(!log.contains(line), "{line:?} with the keys off:\n{log}");
+            }
+            continue;
+        }
+        assert!(log.contains("connection accepted"), "{log}");
+        assert!(log.contains("login ok"), "{log}");
+        let failed = log
+            .lines()
+            .find(|l| l.contains("login failed"))
+            .unwrap_or_else(|| panic!("no failed login in\n{log}"));
+        assert!(failed.contains("outcome=wrong_password"), "{failed}");
+        let gone = log
+            .lines()
+            .find(|l| l.contains("client disconnected"))
+            .unwrap_or_else(|| panic!("no disconnect in\n{log}"));
+        assert!(
+            gone.contains("user=alice") && gone.contains("reason=client"),
+            "{gone}"
+        );
+        let _ = field(gone, "duration_ms");
+        assert!(field(gone, "bytes_received") >= 30, "{gone}");
+        assert!(field(gone, "bytes_sent") >= 1000, "{gone}");
+    }
 }
 
 /// A console command's column names and rows (as text).

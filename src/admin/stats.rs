@@ -395,6 +395,18 @@ pub(super) fn show_config(app: &App) -> Reply {
             false,
         ),
         ("log.level", c.log.level.clone(), "info", false),
+        (
+            "log.connections",
+            c.log.connections.to_string(),
+            "true",
+            false,
+        ),
+        (
+            "log.disconnections",
+            c.log.disconnections.to_string(),
+            "true",
+            false,
+        ),
     ];
     let rows = rows
         .into_iter()

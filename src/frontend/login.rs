@@ -94,6 +94,9 @@ pub async fn handle_client(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
     let mut stream = ClientStream::Plain(tcp);
     let (_connected, count) = app.clients.connect();
     let _gauge = crate::metrics::ClientConnected::new();
+    if app.config.log.connections {
+        tracing::info!(addr = %addr, "connection accepted");
+    }
     let mut progress = Progress::new(addr);
     // Clients that have not finished logging in are bounded: each costs a
     // task, buffers and maybe a TLS handshake, and silent ones hold theirs

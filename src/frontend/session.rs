@@ -54,6 +54,10 @@ pub struct Session {
     handle: Arc<ClientHandle>,
     _registration: Registration,
     started: Instant,
+    /// Bytes this client sent (forwarded to servers) and was sent, for the
+    /// disconnect line.
+    received: u64,
+    sent: u64,
     /// Transaction mode with protocol-level prepared statements on.
     rewriting: bool,
     statements: ClientStatements,
@@ -146,6 +150,8 @@ impl Session {
             handle: registration.handle.clone(),
             _registration: registration,
             started: Instant::now(),
+            received: 0,
+            sent: 0,
             rewriting,
             statements: ClientStatements::default(),
         }
@@ -208,12 +214,20 @@ impl Session {
             };
             self.app.hooks.session_end(&ctx).await;
         }
-        tracing::info!(
-            user = %self.client.user, database = %self.client.database, addr = %self.client.addr,
-            duration_ms = self.started.elapsed().as_millis() as u64,
-            reason = match &end { End::ClientLeft => "client", End::Error(_) => "error", End::Shutdown => "shutdown" },
-            "client disconnected"
-        );
+        if self.app.config.log.disconnections {
+            let (reason, error) = match &end {
+                End::ClientLeft => ("client", None),
+                End::Error(e) => ("error", Some(e)),
+                End::Shutdown => ("shutdown", None),
+            };
+            tracing::info!(
+                user = %self.client.user, database = %self.client.database, addr = %self.client.addr,
+                duration_ms = self.started.elapsed().as_millis() as u64,
+                bytes_received = self.received, bytes_sent = self.sent,
+                reason = %reason, sqlstate = error.map(|e| e.code.as_str()), error = error.map(|e| e.message.as_str()),
+                "client disconnected"
+            );
+        }
     }
 
     async fn serve_loop(&mut self, client: &mut ClientStream, link: &mut Link) -> End {
@@ -448,6 +462,7 @@ impl Session {
                 .map_err(End::Error)?;
             stats.queries(queries);
             stats.received(walked.forward as u64);
+            self.received += walked.forward as u64;
             let rewrite = stopped_at.filter(|t| *t != b'X');
             if (walked.forward > 0 || rewrite.is_some()) && link.held.is_none() {
                 let checkout = self.begin_transaction(client).await.map_err(End::Error)?;
@@ -479,6 +494,7 @@ impl Session {
                     .map_err(End::Error)?;
                     link.flow.unsynced = true;
                     stats.received(message.len() as u64);
+                    self.received += message.len() as u64;
                     write_server(link.server(), &out).await?;
                 }
             }
@@ -581,6 +597,7 @@ impl Session {
             if walked.forward > 0 {
                 let chunk = link.out_buf.split_to(walked.forward);
                 self.pool.stats.sent(chunk.len() as u64);
+                self.sent += chunk.len() as u64;
                 client
                     .write_all(&chunk)
                     .await

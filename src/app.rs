@@ -261,6 +261,11 @@ impl App {
         if new.hooks.enabled != old.config.hooks.enabled {
             self.hooks.set_enabled(new.hooks.enabled);
         }
+        if new.log.level != old.config.log.level {
+            if let Err(e) = crate::logging::set_level(&new.log.level) {
+                tracing::warn!(error = %e, "log.level not changed");
+            }
+        }
         let hook_files = engine.file_names().len();
         {
             let mut lua = self.lua_hooks.0.lock().unwrap();
@@ -475,10 +480,13 @@ impl App {
         Ok(changed)
     }
 
-    /// Reports an authentication outcome: logged, handed to the
-    /// auth_attempt hooks, and sent to whoever subscribed.
+    /// Reports an authentication outcome: logged (with `log.connections`),
+    /// counted, handed to the auth_attempt hooks, and sent to whoever
+    /// subscribed.
     pub async fn record(&self, attempt: AuthAttempt) {
-        attempt.log();
+        if self.config().log.connections {
+            attempt.log();
+        }
         metrics::counter!(crate::metrics::AUTH_ATTEMPTS, "outcome" => attempt.outcome.as_str())
             .increment(1);
         self.hooks.auth_attempt(&attempt).await;

@@ -11,6 +11,7 @@ pub mod config;
 pub mod control;
 pub mod frontend;
 pub mod hooks;
+pub mod logging;
 pub mod metrics;
 pub mod pool;
 pub mod protocol;

@@ -3,7 +3,7 @@
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use usher::config::{Config, LogFormat};
+use usher::config::Config;
 
 #[derive(Parser)]
 #[command(
@@ -56,7 +56,7 @@ fn main() -> ExitCode {
     let hooks_off =
         cli.no_hooks || std::env::var("USHER_HOOKS").is_ok_and(|v| v.eq_ignore_ascii_case("off"));
     if matches!(command, Command::Run) {
-        init_logging(&config);
+        usher::logging::init(&config.log);
         // Before the app registers its metrics (pools, hooks).
         if let Some(listen) = config.metrics.listen {
             if let Err(e) = usher::metrics::install(listen) {
@@ -102,16 +102,4 @@ fn run(app: std::sync::Arc<usher::App>) -> ExitCode {
         server.run().await;
         ExitCode::SUCCESS
     })
-}
-
-fn init_logging(config: &Config) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("USHER_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&config.log.level));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match config.log.format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder.init(),
-    }
 }

@@ -166,8 +166,32 @@ async fn kill_ends_a_databases_clients_even_mid_transaction_and_holds_new_ones_u
         still_pending(&query).await,
         "a query ran on a killed database"
     );
+    // The killed client's server connection is no longer counted anywhere.
+    let pools = console(&usher, "SHOW POOLS").await;
+    assert_eq!(get(row(&pools, "database", "app"), "sv_active"), Some("0"));
+
+    // A client killed while it waits stops being counted as waiting.
+    let (doomed, doomed_driver) = tokio_postgres::connect(
+        &format!(
+            "{} application_name=doomed",
+            usher.conn_str("alice", common::ALICE_PASSWORD)
+        ),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .unwrap();
+    tokio::spawn(doomed_driver);
+    let doomed_query = tokio::spawn(async move { doomed.batch_execute("SELECT 1").await });
+    wait_for_rows(&usher, "SHOW POOLS", |rows| waiting_in_pool(rows) == 2).await;
+    let clients = console(&usher, "SHOW CLIENTS").await;
+    let id = get(row(&clients, "application_name", "doomed"), "id").unwrap();
+    console(&usher, &format!("KILL_CLIENT {id}")).await;
+    assert!(doomed_query.await.unwrap().is_err());
+    wait_for_rows(&usher, "SHOW POOLS", |rows| waiting_in_pool(rows) == 1).await;
+
     console(&usher, "RESUME").await;
     query.await.unwrap().unwrap();
+    wait_for_rows(&usher, "SHOW POOLS", |rows| waiting_in_pool(rows) == 0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -508,46 +508,161 @@ fn metric(text: &str, prefix: &str) -> Option<f64> {
         .and_then(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
+const WRONG_PASSWORD: &str = "not-alices-pw";
+
+/// usher as a child process with the whole configuration given (it must
+/// say `listen: 127.0.0.1:0`, as `usher_yaml` does) and its stderr (the log)
+/// in a file; `USHER_LOG` is not passed on, so `log.*` applies.
+struct LoggedUsher {
+    child: std::process::Child,
+    port: u16,
+    log: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl LoggedUsher {
+    fn start(yaml: &str) -> LoggedUsher {
+        let port = common::free_port();
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("usher.yaml");
+        std::fs::write(
+            &config,
+            yaml.replace("listen: 127.0.0.1:0", &format!("listen: 127.0.0.1:{port}")),
+        )
+        .unwrap();
+        let log = dir.path().join("stderr.log");
+        let child = Command::new(env!("CARGO_BIN_EXE_usher"))
+            .arg("--config")
+            .arg(&config)
+            .env_remove("USHER_LOG")
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start usher");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "usher did not start listening");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        LoggedUsher {
+            child,
+            port,
+            log,
+            _dir: dir,
+        }
+    }
+
+    fn conn_str(&self, user: &str, password: &str, db: &str) -> String {
+        format!(
+            "host=127.0.0.1 port={} user={user} password={password} dbname={db}",
+            self.port
+        )
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap()
+    }
+}
+
+impl Drop for LoggedUsher {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Scrapes until `prefix`'s value is `want` (or panics after 10 s).
+async fn scrape_until(port: u16, prefix: &str, want: f64) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = scrape(port).await;
+        if metric(&text, prefix) == Some(want) {
+            return text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{prefix} never became {want}:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_metrics_endpoint_moves_with_traffic() {
     let pg = PgCluster::shared();
     let metrics_port = common::free_port();
-    let usher = UsherProcess::start(
+    // A database whose server takes the TCP connection and never answers:
+    // server connections to it stay in login until server_connect_timeout.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_port = silent.local_addr().unwrap().port();
+    let yaml = common::usher_yaml(
         pg,
         &format!("pool_mode: transaction\nmetrics:\n  listen: 127.0.0.1:{metrics_port}\n"),
+    )
+    .replace(
+        "databases:\n",
+        &format!(
+            "databases:\n  silent:\n    host: 127.0.0.1\n    port: {silent_port}\n    server_connect_timeout: 2\n"
+        ),
     );
-    let conn = format!(
-        "host=127.0.0.1 port={} user=alice password={ALICE_PASSWORD} dbname=app",
-        usher.port
-    );
+    let usher = LoggedUsher::start(&yaml);
+    let conn = usher.conn_str("alice", ALICE_PASSWORD, "app");
     let (c, driver) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
         .await
         .unwrap();
     tokio::spawn(driver);
     c.simple_query("SELECT 1").await.unwrap();
-    let before = scrape(metrics_port).await;
-    let tx = r#"usher_transactions_total{database="app",user="alice"}"#;
-    let first = metric(&before, tx).unwrap_or_else(|| panic!("no {tx} in\n{before}"));
+    let pool = r#"{database="app",user="alice"}"#;
+    let value = |text: &str, name: &str| -> f64 {
+        let prefix = format!("{name}{pool}");
+        metric(text, &prefix).unwrap_or_else(|| panic!("no {prefix} in\n{text}"))
+    };
+    // The server connection goes back (and the gauges and the transaction
+    // time are recorded) just after the client has its answer.
+    let xact_count = format!("usher_pool_transaction_seconds_count{pool}");
+    let before = scrape_until(metrics_port, &xact_count, 1.0).await;
+    assert!(
+        metric(&before, "usher_clients_connected") >= Some(1.0),
+        "{before}"
+    );
+    assert!(
+        metric(&before, "usher_process_resident_memory_bytes") > Some(1e6),
+        "{before}"
+    );
+    assert_eq!(value(&before, "usher_pool_clients_active"), 0.0);
+    assert_eq!(value(&before, "usher_pool_servers_login"), 0.0);
+
+    // Ten transactions of one query each.
     for _ in 0..10 {
         c.simple_query("SELECT 1").await.unwrap();
     }
-    let _ = tokio_postgres::connect(
-        &conn.replace(ALICE_PASSWORD, "wrong"),
-        tokio_postgres::NoTls,
-    )
-    .await;
-    let after = scrape(metrics_port).await;
-    assert_eq!(metric(&after, tx), Some(first + 10.0), "{after}");
+    let after = scrape_until(metrics_port, &xact_count, 11.0).await;
+    for (name, moved) in [
+        ("usher_transactions_total", 10.0),
+        ("usher_queries_total", 10.0),
+        ("usher_pool_transaction_seconds_count", 10.0),
+    ] {
+        assert_eq!(
+            value(&after, name),
+            value(&before, name) + moved,
+            "{name}:\n{after}"
+        );
+    }
+    for name in [
+        "usher_client_received_bytes_total",
+        "usher_client_sent_bytes_total",
+    ] {
+        // At least the ten queries' Query messages (5 + 9 bytes), and their
+        // answers (larger).
+        assert!(
+            value(&after, name) >= value(&before, name) + 140.0,
+            "{name}:\n{after}"
+        );
+    }
     assert!(
-        metric(
-            &after,
-            r#"usher_auth_attempts_total{outcome="wrong_password"}"#
-        ) >= Some(1.0),
-        "{after}"
-    );
-    assert!(
-        metric(&after, r#"usher_auth_attempts_total{outcome="success"}"#) >= Some(1.0),
-        "{after}"
+        after.contains(
+            r#"usher_pool_transaction_seconds_bucket{database="app",user="alice",le="0.001"}"#
+        ),
+        "a histogram with buckets:\n{after}"
     );
     assert_eq!(
         metric(
@@ -557,9 +672,196 @@ async fn the_metrics_endpoint_moves_with_traffic() {
         Some(1.0),
         "{after}"
     );
-    assert!(after.contains("usher_pool_wait_seconds"), "{after}");
+    assert!(after.contains("usher_pool_wait_seconds_bucket"), "{after}");
+
+    // A client inside a transaction holds a server connection.
+    c.simple_query("BEGIN").await.unwrap();
+    let text = scrape(metrics_port).await;
+    assert_eq!(value(&text, "usher_pool_clients_active"), 1.0, "{text}");
+    assert_eq!(value(&text, "usher_pool_servers_active"), 1.0, "{text}");
+    c.simple_query("COMMIT").await.unwrap();
+    let active = format!("usher_pool_clients_active{pool}");
+    scrape_until(metrics_port, &active, 0.0).await;
+
+    // Errors by SQLSTATE class: the server's syntax error (42601), usher's
+    // wrong password (28P01).
+    let server_42 = r#"usher_errors_total{class="42",source="server"}"#;
+    let usher_28 = r#"usher_errors_total{class="28",source="usher"}"#;
+    let e = c.simple_query("SELEC 1").await.unwrap_err();
+    assert_eq!(sqlstate(&e).as_deref(), Some("42601"));
+    assert!(tokio_postgres::connect(
+        &usher.conn_str("alice", WRONG_PASSWORD, "app"),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .is_err());
+    let text = scrape(metrics_port).await;
+    assert_eq!(metric(&text, server_42), Some(1.0), "{text}");
+    assert_eq!(metric(&text, usher_28), Some(1.0), "{text}");
+    assert!(
+        metric(
+            &text,
+            r#"usher_auth_attempts_total{outcome="wrong_password"}"#
+        ) >= Some(1.0),
+        "{text}"
+    );
+    assert!(
+        metric(&text, r#"usher_auth_attempts_total{outcome="success"}"#) >= Some(1.0),
+        "{text}"
+    );
+
+    // A login to the silent database waits while its first server
+    // connection is in login, then fails with 08006 from usher.
+    let silent_conn = usher.conn_str("alice", ALICE_PASSWORD, "silent");
+    let login = tokio::spawn(async move {
+        tokio_postgres::connect(&silent_conn, tokio_postgres::NoTls)
+            .await
+            .map(|_| ())
+    });
+    let login_gauge = r#"usher_pool_servers_login{database="silent",user="alice"}"#;
+    let text = scrape_until(metrics_port, login_gauge, 1.0).await;
+    assert!(
+        metric(&text, "usher_clients_connected") >= Some(2.0),
+        "{text}"
+    );
+    let e = login
+        .await
+        .unwrap()
+        .expect_err("the silent database fails the login");
+    assert_eq!(sqlstate(&e).as_deref(), Some("08006"), "{e:?}");
+    let text = scrape(metrics_port).await;
+    assert_eq!(metric(&text, login_gauge), Some(0.0), "{text}");
+    assert!(
+        metric(&text, r#"usher_errors_total{class="08",source="usher"}"#) >= Some(1.0),
+        "{text}"
+    );
     // No label carries a client address or an unknown user name.
-    assert!(!after.contains("127.0.0.1"), "{after}");
+    assert!(!text.contains("127.0.0.1"), "{text}");
+    drop(silent);
+}
+
+/// Waits until the log has a line containing `what`; returns the log.
+async fn log_until(usher: &LoggedUsher, what: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let log = usher.log();
+        if log.contains(what) {
+            return log;
+        }
+        assert!(Instant::now() < deadline, "no {what:?} in the log:\n{log}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The number after `name=` in `line`.
+fn field(line: &str, name: &str) -> u64 {
+    let at = line
+        .find(&format!(" {name}="))
+        .unwrap_or_else(|| panic!("no {name} in {line}"));
+    line[at + name.len() + 2..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap_or_else(|_| panic!("{name} is not a number in {line}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_events_are_logged_as_configured() {
+    let pg = PgCluster::shared();
+    for (extra, on) in [
+        ("", true),
+        (
+            "log:\n  connections: false\n  disconnections: false\n",
+            false,
+        ),
+    ] {
+        let usher = LoggedUsher::start(&common::usher_yaml(pg, extra));
+        let (c, driver) = tokio_postgres::connect(
+            &usher.conn_str("alice", ALICE_PASSWORD, "app"),
+            tokio_postgres::NoTls,
+        )
+        .await
+        .unwrap();
+        let driver = tokio::spawn(driver);
+        c.simple_query("SELECT repeat('x', 1000)").await.unwrap();
+        assert!(tokio_postgres::connect(
+            &usher.conn_str("alice", WRONG_PASSWORD, "app"),
+            tokio_postgres::NoTls,
+        )
+        .await
+        .is_err());
+        drop(c);
+        driver.await.unwrap().unwrap();
+        // The client has left when only the console's own connection is
+        // counted; its disconnect line (if any) is written by then.
+        let (console, console_driver) = tokio_postgres::connect(
+            &usher.conn_str("admin", "admin-pw", "usher"),
+            tokio_postgres::NoTls,
+        )
+        .await
+        .unwrap();
+        tokio::spawn(console_driver);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let used = console
+                .simple_query("SHOW LISTS")
+                .await
+                .unwrap()
+                .into_iter()
+                .find_map(|m| match m {
+                    tokio_postgres::SimpleQueryMessage::Row(r)
+                        if r.get(0) == Some("used_clients") =>
+                    {
+                        r.get(1).map(str::to_string)
+                    }
+                    _ => None,
+                });
+            if used.as_deref() == Some("1") {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the client never left: {used:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let log = log_until(&usher, "usher is accepting connections").await;
+        assert!(
+            !log.contains(ALICE_PASSWORD),
+            "a password in the log:\n{log}"
+        );
+        assert!(
+            !log.contains(WRONG_PASSWORD),
+            "a password in the log:\n{log}"
+        );
+        if !on {
+            for line in [
+                "connection accepted",
+                "login ok",
+                "login failed",
+                "client disconnected",
+            ] {
+                assert!(!log.contains(line), "{line:?} with the keys off:\n{log}");
+            }
+            continue;
+        }
+        assert!(log.contains("connection accepted"), "{log}");
+        assert!(log.contains("login ok"), "{log}");
+        let failed = log
+            .lines()
+            .find(|l| l.contains("login failed"))
+            .unwrap_or_else(|| panic!("no failed login in\n{log}"));
+        assert!(failed.contains("outcome=wrong_password"), "{failed}");
+        let gone = log
+            .lines()
+            .find(|l| l.contains("client disconnected"))
+            .unwrap_or_else(|| panic!("no disconnect in\n{log}"));
+        assert!(
+            gone.contains("user=alice") && gone.contains("reason=client"),
+            "{gone}"
+        );
+        let _ = field(gone, "duration_ms");
+        assert!(field(gone, "bytes_received") >= 30, "{gone}");
+        assert!(field(gone, "bytes_sent") >= 1000, "{gone}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

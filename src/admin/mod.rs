@@ -120,7 +120,10 @@ impl Console {
                     let sql = sql.trim_end_matches('\0');
                     match self.run(sql).await {
                         Ok(reply) => reply.encode(&mut out),
-                        Err(e) => e.encode(&mut out),
+                        Err(e) => {
+                            crate::frontend::count_error(&e);
+                            e.encode(&mut out)
+                        }
                     }
                     messages::ready_for_query(&mut out, b'I');
                 }
@@ -455,7 +458,7 @@ impl Console {
                     n(p.idle_count()),
                     n(0),
                     n(0),
-                    n(0),
+                    n(p.stats.servers_login.load(Relaxed)),
                     Some((maxwait_us / 1_000_000).to_string()),
                     Some((maxwait_us % 1_000_000).to_string()),
                     Some(p.mode().to_string()),

@@ -343,6 +343,12 @@ pub(super) fn show_config(app: &App) -> Reply {
             "32",
         ),
         ("log.level", c.log.level.clone(), "info"),
+        ("log.connections", c.log.connections.to_string(), "true"),
+        (
+            "log.disconnections",
+            c.log.disconnections.to_string(),
+            "true",
+        ),
     ];
     let rows = rows
         .into_iter()

@@ -330,6 +330,13 @@ pub struct LogConfig {
     pub level: String,
     #[serde(default)]
     pub format: LogFormat,
+    /// A line per connection accepted and per login (ok, or failed with
+    /// the reason).
+    #[serde(default = "defaults::yes")]
+    pub connections: bool,
+    /// A line per client that leaves: duration, bytes each way, reason.
+    #[serde(default = "defaults::yes")]
+    pub disconnections: bool,
 }
 
 impl Default for LogConfig {
@@ -337,6 +344,8 @@ impl Default for LogConfig {
         LogConfig {
             level: defaults::log_level(),
             format: LogFormat::Text,
+            connections: true,
+            disconnections: true,
         }
     }
 }
@@ -491,6 +500,12 @@ impl Config {
         }
         if self.pool_size == 0 {
             return Err(err("pool_size", "expected a number greater than 0"));
+        }
+        if let Err(e) = crate::logging::check_level(&self.log.level) {
+            return Err(err(
+                "log.level",
+                &format!("expected a tracing filter such as `info` or `usher=debug,warn`: {e}"),
+            ));
         }
         for (key, v) in [
             ("query_wait_timeout", self.query_wait_timeout),
@@ -745,6 +760,28 @@ mod tests {
         let e = Config::from_yaml("pool_mode: statement\n", "w.yaml").unwrap_err();
         assert_eq!(e.key, "pool_mode");
         assert!(e.message.contains("session"), "{}", e.message);
+    }
+
+    #[test]
+    fn log_keys_default_on_and_level_is_checked() {
+        let c = Config::from_yaml("databases: { app: {} }\n", "l.yaml").unwrap();
+        assert!(c.log.connections && c.log.disconnections);
+        assert_eq!(c.log.level, "info");
+        let c = Config::from_yaml(
+            "log: { level: \"usher=debug,warn\", format: json, connections: false, disconnections: false }\n",
+            "l.yaml",
+        )
+        .unwrap();
+        assert!(!c.log.connections && !c.log.disconnections);
+        assert_eq!(c.log.format, LogFormat::Json);
+        let e = Config::from_yaml("log: { level: \"usher=loud\" }\n", "l.yaml").unwrap_err();
+        assert_eq!(e.key, "log.level");
+        let e = Config::from_yaml("log: { connection: false }\n", "l.yaml").unwrap_err();
+        assert!(
+            e.message.contains("unknown field `connection`"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]

@@ -94,12 +94,16 @@ pub async fn handle_client(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
     let _ = tcp.set_nodelay(true);
     let mut stream = ClientStream::Plain(tcp);
     let (_connected, count) = app.clients.connect();
+    let _gauge = crate::metrics::ClientConnected::new();
+    // One snapshot of the configuration for the whole login.
+    let configured = app.configured();
+    if configured.config.log.connections {
+        tracing::info!(addr = %addr, "connection accepted");
+    }
     let mut progress = Progress::new(addr);
     // Clients that have not finished logging in are bounded: each costs a
     // task, buffers and maybe a TLS handshake, and silent ones hold theirs
     // until auth_timeout.
-    // One snapshot of the configuration for the whole login.
-    let configured = app.configured();
     let Ok(slot) = app.login_slots.clone().try_acquire_owned() else {
         progress.record(&app, AuthOutcome::Refused).await;
         let e = PgError::fatal(

@@ -14,7 +14,8 @@ pub mod registry;
 pub mod session;
 pub mod stream;
 
-use crate::protocol::PgError;
+use crate::metrics::ErrorSource;
+use crate::protocol::{PgError, Severity};
 use bytes::BytesMut;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -22,10 +23,19 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 /// Sends an error (or notice) to a client; failures to write are ignored,
 /// since the client is usually about to be disconnected anyway.
 pub async fn send_error<S: AsyncWrite + Unpin>(stream: &mut S, error: &PgError) {
+    count_error(error);
     let mut buf = BytesMut::new();
     error.encode(&mut buf);
     let _ = stream.write_all(&buf).await;
     let _ = stream.flush().await;
+}
+
+/// Counts an error usher itself sends a client (`usher_errors_total`,
+/// source `usher`); warnings and notices are not errors.
+pub fn count_error(error: &PgError) {
+    if matches!(error.severity, Severity::Error | Severity::Fatal) {
+        crate::metrics::count_error(ErrorSource::Usher, error.code.as_bytes());
+    }
 }
 
 /// Sends a final error and closes the connection so that the client reads

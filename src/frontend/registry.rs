@@ -6,11 +6,11 @@
 //! relaxed atomics and a per-client mutex, never a lock shared by clients.
 
 use crate::backend::ServerSummary;
+use atomic_waker::AtomicWaker;
 use dashmap::DashMap;
 use rand::Rng;
-use std::net::SocketAddr;
-use atomic_waker::AtomicWaker;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Poll;

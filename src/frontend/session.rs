@@ -20,6 +20,7 @@ use super::stream::ClientStream;
 use crate::app::App;
 use crate::config::PoolMode;
 use crate::hooks::{ClientInfo, Event, ServerInfo, SessionCtx, SessionEndCtx, SessionReason, Vars};
+use crate::metrics::{self, ErrorSource};
 use crate::pool::{Checkout, Pool};
 use crate::protocol::error::sqlstate;
 use crate::protocol::frames::{FrameWalker, Visit};
@@ -27,13 +28,15 @@ use crate::protocol::messages::{self, parse_parameter_status};
 use crate::protocol::PgError;
 use bytes::{Buf, BytesMut};
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Read buffers grow from this size; they are freed while the client is idle.
 const BUFFER_SIZE: usize = 16 * 1024;
+
+/// Server ErrorResponses up to this size are read whole for their SQLSTATE.
+const ERROR_BODY_LIMIT: usize = 64 * 1024;
 
 /// A logged-in client and what its session wants.
 pub struct Session {
@@ -52,6 +55,10 @@ pub struct Session {
     _registration: Registration,
     started: Instant,
     mode: PoolMode,
+    /// Bytes this client sent (forwarded to servers) and was sent, for the
+    /// disconnect line.
+    received: u64,
+    sent: u64,
     /// Transaction mode with protocol-level prepared statements on.
     rewriting: bool,
     statements: ClientStatements,
@@ -149,6 +156,8 @@ impl Session {
             _registration: registration,
             started: Instant::now(),
             mode,
+            received: 0,
+            sent: 0,
             rewriting,
             statements: ClientStatements::default(),
         }
@@ -190,6 +199,7 @@ impl Session {
         };
         self.handle.set_server(None);
         if let Some(checkout) = link.held.take() {
+            self.pool.stats.client_active(-1);
             let clean = !interrupted
                 && link.flow.quiet()
                 && link.flow.status == b'I'
@@ -219,12 +229,20 @@ impl Session {
             };
             self.app.hooks.session_end(&ctx).await;
         }
-        tracing::info!(
-            user = %self.client.user, database = %self.client.database, addr = %self.client.addr,
-            duration_ms = self.started.elapsed().as_millis() as u64,
-            reason = match &end { End::ClientLeft => "client", End::Error(_) => "error", End::Shutdown => "shutdown" },
-            "client disconnected"
-        );
+        if self.app.config().log.disconnections {
+            let (reason, error) = match &end {
+                End::ClientLeft => ("client", None),
+                End::Error(e) => ("error", Some(e)),
+                End::Shutdown => ("shutdown", None),
+            };
+            tracing::info!(
+                user = %self.client.user, database = %self.client.database, addr = %self.client.addr,
+                duration_ms = self.started.elapsed().as_millis() as u64,
+                bytes_received = self.received, bytes_sent = self.sent,
+                reason = %reason, sqlstate = error.map(|e| e.code.as_str()), error = error.map(|e| e.message.as_str()),
+                "client disconnected"
+            );
+        }
     }
 
     async fn serve_loop(&mut self, client: &mut ClientStream, link: &mut Link) -> End {
@@ -428,7 +446,7 @@ impl Session {
                 .in_walker
                 .walk(
                     &link.in_buf,
-                    |tag| rewriting && matches!(tag, b'P' | b'B' | b'D' | b'C'),
+                    |tag, _| rewriting && matches!(tag, b'P' | b'B' | b'D' | b'C'),
                     |tag, body| match tag {
                         b'X' => {
                             stopped_at = Some(tag);
@@ -459,14 +477,14 @@ impl Session {
                     },
                 )
                 .map_err(End::Error)?;
-            stats.queries.fetch_add(queries, Ordering::Relaxed);
-            stats
-                .received
-                .fetch_add(walked.forward as u64, Ordering::Relaxed);
+            stats.queries(queries);
+            stats.received(walked.forward as u64);
+            self.received += walked.forward as u64;
             let rewrite = stopped_at.filter(|t| *t != b'X');
             if (walked.forward > 0 || rewrite.is_some()) && link.held.is_none() {
                 let checkout = self.begin_transaction(client).await.map_err(End::Error)?;
                 link.held = Some(checkout);
+                stats.client_active(1);
                 link.lent_at = Instant::now();
                 link.out_buf.reserve(BUFFER_SIZE);
             }
@@ -493,9 +511,8 @@ impl Session {
                     .map_err(End::Error)?;
                     self.handle.set_prepared(self.statements.len());
                     link.flow.unsynced = true;
-                    stats
-                        .received
-                        .fetch_add(message.len() as u64, Ordering::Relaxed);
+                    stats.received(message.len() as u64);
+                    self.received += message.len() as u64;
                     write_server(link.server(), &out).await?;
                 }
             }
@@ -531,7 +548,12 @@ impl Session {
                 .out_walker
                 .walk(
                     &link.out_buf,
-                    |tag| matches!(tag, b'Z' | b'S' | b'C' | b'1' | b'3'),
+                    // ErrorResponses are read for their SQLSTATE (metrics);
+                    // an unusually large one streams and counts as "other".
+                    |tag, len| {
+                        matches!(tag, b'Z' | b'S' | b'C' | b'1' | b'3')
+                            || (tag == b'E' && len <= ERROR_BODY_LIMIT)
+                    },
                     |tag, body| match tag {
                         b'Z' => {
                             flow.pending = flow.pending.saturating_sub(1);
@@ -580,6 +602,11 @@ impl Session {
                                 Visit::StopBefore
                             }
                         },
+                        b'E' => {
+                            let code = messages::error_code(body).unwrap_or_default();
+                            metrics::count_error(ErrorSource::Server, code);
+                            Visit::Forward
+                        }
                         _ => Visit::Forward,
                     },
                 )
@@ -590,10 +617,8 @@ impl Session {
             }
             if walked.forward > 0 {
                 let chunk = link.out_buf.split_to(walked.forward);
-                self.pool
-                    .stats
-                    .sent
-                    .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                self.pool.stats.sent(chunk.len() as u64);
+                self.sent += chunk.len() as u64;
                 client
                     .write_all(&chunk)
                     .await
@@ -622,9 +647,8 @@ impl Session {
     /// back to the pool.
     async fn end_transaction(&mut self, client: &mut ClientStream, link: &mut Link) {
         let checkout = link.held.take().expect("a server connection is held");
+        let lent = link.lent_at.elapsed();
         self.handle.set_server(None);
-        let lent = link.lent_at.elapsed().as_micros() as u64;
-        self.pool.stats.xact_us.fetch_add(lent, Ordering::Relaxed);
         if link.out_buf.is_empty() {
             self.pool.checkin(checkout);
         } else {
@@ -632,6 +656,10 @@ impl Session {
             let _ = client.write_all(&link.out_buf).await;
             self.pool.discard(checkout);
         }
+        // Recorded once the connection is back: whoever sees the count
+        // sees the pool as it is after this transaction.
+        self.pool.stats.client_active(-1);
+        self.pool.stats.transaction_time(lent);
         link.out_buf = BytesMut::new();
         link.out_walker = FrameWalker::new(usize::MAX >> 1);
         link.plan = ResponsePlan::default();

@@ -48,6 +48,10 @@ pub struct PoolStats {
     /// Total microseconds server connections spent lent for a transaction
     /// (transaction mode).
     pub xact_us: AtomicU64,
+    /// Clients holding a server connection of this pool right now.
+    pub clients_active: AtomicUsize,
+    /// Server connections being opened (connect and login) right now.
+    pub servers_login: AtomicUsize,
 }
 
 /// Server connections for one (database, user).
@@ -69,7 +73,8 @@ pub struct Pool {
     /// ParameterStatus values of the first server connection: what clients
     /// are told at login.
     server_params: OnceLock<Arc<HashMap<String, String>>>,
-    pub stats: PoolStats,
+    /// Shared with the checkouts, which count themselves (see [`Lent`]).
+    pub stats: Arc<PoolStats>,
 }
 
 /// An idle server connection, as SHOW SERVERS lists it.
@@ -86,6 +91,43 @@ pub struct IdleServer {
 pub struct Checkout {
     pub conn: ServerConn,
     _permit: Permit,
+    _lent: Lent,
+}
+
+/// Counts a lent connection as active until dropped: however a checkout
+/// ends (checked in, discarded, or dropped with a task that was killed),
+/// the count comes back down.
+#[derive(Debug)]
+struct Lent(Arc<PoolStats>);
+
+impl Lent {
+    fn new(stats: &Arc<PoolStats>) -> Lent {
+        stats.active(1);
+        Lent(stats.clone())
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        self.0.active(-1);
+    }
+}
+
+/// Counts a client waiting for a connection until dropped (a waiting task
+/// may be killed).
+struct Waiting<'a>(&'a PoolStats);
+
+impl<'a> Waiting<'a> {
+    fn new(stats: &'a PoolStats) -> Waiting<'a> {
+        stats.waiting(1);
+        Waiting(stats)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.waiting(-1);
+    }
 }
 
 /// A semaphore permit that is forgotten instead of returned while the pool
@@ -118,6 +160,12 @@ struct PoolMetrics {
     idle: metrics::Gauge,
     connects: metrics::Counter,
     wait: metrics::Histogram,
+    clients_active: metrics::Gauge,
+    servers_login: metrics::Gauge,
+    transaction: metrics::Histogram,
+    queries: metrics::Counter,
+    received: metrics::Counter,
+    sent: metrics::Counter,
 }
 
 impl PoolStats {
@@ -135,6 +183,12 @@ impl PoolStats {
                 idle: metrics::gauge!(m::SERVERS_IDLE, &labels),
                 connects: metrics::counter!(m::SERVER_CONNECTS, &labels),
                 wait: metrics::histogram!(m::WAIT_SECONDS, &labels),
+                clients_active: metrics::gauge!(m::CLIENTS_ACTIVE, &labels),
+                servers_login: metrics::gauge!(m::SERVERS_LOGIN, &labels),
+                transaction: metrics::histogram!(m::TRANSACTION_SECONDS, &labels),
+                queries: metrics::counter!(m::QUERIES, &labels),
+                received: metrics::counter!(m::CLIENT_RECEIVED_BYTES, &labels),
+                sent: metrics::counter!(m::CLIENT_SENT_BYTES, &labels),
             },
             server_connects: AtomicU64::new(0),
             checkouts: AtomicU64::new(0),
@@ -146,6 +200,8 @@ impl PoolStats {
             received: AtomicU64::new(0),
             sent: AtomicU64::new(0),
             xact_us: AtomicU64::new(0),
+            clients_active: AtomicUsize::new(0),
+            servers_login: AtomicUsize::new(0),
         }
     }
 
@@ -177,11 +233,66 @@ impl PoolStats {
         self.transactions.fetch_add(1, Ordering::Relaxed);
         self.metrics.transactions.increment(1);
     }
+
+    /// A client took (+1) or gave back (-1) a server connection.
+    pub fn client_active(&self, delta: isize) {
+        if delta > 0 {
+            self.clients_active.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.clients_active.fetch_sub(1, Ordering::Relaxed);
+        }
+        self.metrics.clients_active.increment(delta as f64);
+    }
+
+    /// A transaction-mode server connection went back after `lent`.
+    pub fn transaction_time(&self, lent: Duration) {
+        self.xact_us
+            .fetch_add(lent.as_micros() as u64, Ordering::Relaxed);
+        self.metrics.transaction.record(lent.as_secs_f64());
+    }
+
+    /// Queries (Query and Execute messages) clients sent.
+    pub fn queries(&self, n: u64) {
+        if n > 0 {
+            self.queries.fetch_add(n, Ordering::Relaxed);
+            self.metrics.queries.increment(n);
+        }
+    }
+
+    /// Bytes received from a client (forwarded to its server).
+    pub fn received(&self, bytes: u64) {
+        self.received.fetch_add(bytes, Ordering::Relaxed);
+        self.metrics.received.increment(bytes);
+    }
+
+    /// Bytes sent to a client (from its server).
+    pub fn sent(&self, bytes: u64) {
+        self.sent.fetch_add(bytes, Ordering::Relaxed);
+        self.metrics.sent.increment(bytes);
+    }
+
+    /// Counts a server connection being opened until the guard drops
+    /// (the connect and login ended, well or not, or were abandoned).
+    fn logging_in(&self) -> LoginGuard<'_> {
+        self.servers_login.fetch_add(1, Ordering::Relaxed);
+        self.metrics.servers_login.increment(1.0);
+        LoginGuard(self)
+    }
+}
+
+/// See [`PoolStats::logging_in`].
+struct LoginGuard<'a>(&'a PoolStats);
+
+impl Drop for LoginGuard<'_> {
+    fn drop(&mut self) {
+        self.0.servers_login.fetch_sub(1, Ordering::Relaxed);
+        self.0.metrics.servers_login.decrement(1.0);
+    }
 }
 
 impl Pool {
     pub fn new(database: String, user: String, target: ServerTarget, settings: PoolLimits) -> Self {
-        let stats = PoolStats::new(&database, &user);
+        let stats = Arc::new(PoolStats::new(&database, &user));
         Pool {
             database,
             user,
@@ -337,13 +448,13 @@ impl Pool {
     pub async fn checkout(&self) -> Result<Checkout, PgError> {
         let started = std::time::Instant::now();
         let settings = self.settings.load_full();
-        self.stats.waiting(1);
+        let waiting = Waiting::new(&self.stats);
         let permit = tokio::time::timeout(settings.query_wait_timeout, async {
             self.wait_unpaused().await;
             self.permits.clone().acquire_owned().await
         })
         .await;
-        self.stats.waiting(-1);
+        drop(waiting);
         self.stats
             .metrics
             .wait
@@ -385,19 +496,19 @@ impl Pool {
         self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
         while let Some(conn) = self.pop_idle() {
             if let Some(conn) = self.vet(conn).await {
-                self.stats.active(1);
                 return Ok(Checkout {
                     conn,
                     _permit: permit,
+                    _lent: Lent::new(&self.stats),
                 });
             }
         }
         let conn = self.connect(&settings).await?;
         tracing::debug!(server = conn.id, pid = conn.backend_pid(), db = %self.database, user = %self.user, "server connection opened");
-        self.stats.active(1);
         Ok(Checkout {
             conn,
             _permit: permit,
+            _lent: Lent::new(&self.stats),
         })
     }
 
@@ -405,7 +516,10 @@ impl Pool {
     async fn connect(&self, settings: &PoolLimits) -> Result<ServerConn, PgError> {
         let generation = self.generation.load(Ordering::Acquire);
         let target = self.target.load_full();
-        let mut conn = backend::connect(&target, settings.server_connect_timeout).await?;
+        let login = self.stats.logging_in();
+        let conn = backend::connect(&target, settings.server_connect_timeout).await;
+        drop(login);
+        let mut conn = conn?;
         conn.generation = generation;
         self.stats.connected();
         Ok(conn)
@@ -471,7 +585,6 @@ impl Pool {
     /// Returns a clean server connection (idle, not in a transaction) to the
     /// pool, or closes it if it has outlived `server_lifetime`.
     pub fn checkin(&self, mut checkout: Checkout) {
-        self.stats.active(-1);
         if self.past_lifetime(&checkout.conn) {
             tracing::debug!(
                 server = checkout.conn.id,
@@ -485,12 +598,12 @@ impl Pool {
         }
         checkout.conn.last_used = std::time::Instant::now();
         self.push_idle(checkout.conn);
-        // The permit drops here, after the connection is back in the list.
+        // The permit (and the active count) drop here, after the connection
+        // is back in the list.
     }
 
     /// Closes a server connection that is not safe to reuse.
     pub fn discard(&self, checkout: Checkout) {
-        self.stats.active(-1);
         tracing::debug!(server = checkout.conn.id, "closing server connection");
         drop(checkout);
     }

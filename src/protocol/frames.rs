@@ -63,13 +63,14 @@ impl FrameWalker {
         self.skip == 0
     }
 
-    /// Walks the messages in `buf`. `wants_body(tag)` says which message types
-    /// must be visited whole; the others are visited with an empty body as
-    /// soon as their header is in. Returns how many bytes may be forwarded.
+    /// Walks the messages in `buf`. `wants_body(tag, len)` says which
+    /// messages (by type and body length) must be visited whole; the others
+    /// are visited with an empty body as soon as their header is in. Returns
+    /// how many bytes may be forwarded.
     pub fn walk(
         &mut self,
         buf: &[u8],
-        wants_body: impl Fn(u8) -> bool,
+        wants_body: impl Fn(u8, usize) -> bool,
         mut visit: impl FnMut(u8, &[u8]) -> Visit,
     ) -> Result<Walked, PgError> {
         let mut pos = 0;
@@ -96,7 +97,7 @@ impl FrameWalker {
                 )));
             }
             let total = 1 + len;
-            let step = if wants_body(tag) {
+            let step = if wants_body(tag, len - 4) {
                 if len > self.max_inspected {
                     return Err(PgError::protocol(format!(
                         "message type '{}' of {len} bytes is too large",
@@ -161,7 +162,7 @@ mod tests {
         let r = w
             .walk(
                 &data[..30],
-                |t| t == b'Z',
+                |t, _| t == b'Z',
                 |t, b| {
                     seen.push((t, b.to_vec()));
                     Visit::Forward
@@ -174,7 +175,7 @@ mod tests {
         let r = w
             .walk(
                 rest,
-                |t| t == b'Z',
+                |t, _| t == b'Z',
                 |t, b| {
                     seen.push((t, b.to_vec()));
                     Visit::Forward
@@ -185,7 +186,7 @@ mod tests {
         let r = w
             .walk(
                 &data[105..],
-                |t| t == b'Z',
+                |t, _| t == b'Z',
                 |t, b| {
                     seen.push((t, b.to_vec()));
                     Visit::StopAfter
@@ -204,6 +205,31 @@ mod tests {
     }
 
     #[test]
+    fn wants_body_is_asked_with_the_body_length() {
+        let mut data = BytesMut::new();
+        msg(&mut data, b'E', &[1u8; 10]);
+        msg(&mut data, b'E', &[2u8; 100]);
+        let mut w = FrameWalker::new(1 << 20);
+        let mut seen = vec![];
+        let r = w
+            .walk(
+                &data,
+                |t, len| t == b'E' && len <= 10,
+                |_, b| {
+                    seen.push(b.len());
+                    Visit::Forward
+                },
+            )
+            .unwrap();
+        assert_eq!(r.forward, data.len());
+        assert_eq!(
+            seen,
+            vec![10, 0],
+            "the small one whole, the large one streamed"
+        );
+    }
+
+    #[test]
     fn stop_before_leaves_the_message() {
         let mut data = BytesMut::new();
         msg(&mut data, b'Q', b"select 1\0");
@@ -212,7 +238,7 @@ mod tests {
         let r = w
             .walk(
                 &data,
-                |_| false,
+                |_, _| false,
                 |t, _| {
                     if t == b'X' {
                         Visit::StopBefore
@@ -237,12 +263,14 @@ mod tests {
         data.put_u8(b'Q');
         data.put_u32(2);
         let mut w = FrameWalker::new(1 << 20);
-        assert!(w.walk(&data, |_| false, |_, _| Visit::Forward).is_err());
+        assert!(w.walk(&data, |_, _| false, |_, _| Visit::Forward).is_err());
         let mut data = BytesMut::new();
         data.put_u8(b'Q');
         data.put_u32(5000);
         let mut w = FrameWalker::new(4096);
-        let e = w.walk(&data, |_| false, |_, _| Visit::Forward).unwrap_err();
+        let e = w
+            .walk(&data, |_, _| false, |_, _| Visit::Forward)
+            .unwrap_err();
         assert_eq!(e.code, "08P01");
     }
 }

@@ -203,9 +203,39 @@ pub fn parse_parameter_status(body: &[u8]) -> Option<(String, String)> {
     Some((name, value))
 }
 
+/// The SQLSTATE (field `C`) of an ErrorResponse or NoticeResponse body,
+/// without copying: fields are a type byte and a C string each, ended by a
+/// zero byte. `None` if the body has no `C` field or is cut short.
+pub fn error_code(body: &[u8]) -> Option<&[u8]> {
+    let mut rest = body;
+    while let Some((&kind, after)) = rest.split_first() {
+        if kind == 0 {
+            return None;
+        }
+        let end = after.iter().position(|b| *b == 0)?;
+        if kind == b'C' {
+            return Some(&after[..end]);
+        }
+        rest = &after[end + 1..];
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn finds_the_sqlstate_of_an_error() {
+        let mut buf = BytesMut::new();
+        crate::protocol::PgError::error("42P01", "relation \"x\" does not exist")
+            .with_detail("d")
+            .encode(&mut buf);
+        assert_eq!(error_code(&buf[5..]), Some(&b"42P01"[..]));
+        assert_eq!(error_code(b"SERROR\0VERROR\0Mno code\0\0"), None);
+        assert_eq!(error_code(b"SERROR\0C4260"), None);
+        assert_eq!(error_code(b""), None);
+    }
 
     #[tokio::test]
     async fn round_trips_a_message() {

@@ -230,31 +230,18 @@ impl App {
     pub fn reload(&self) -> Result<ReloadReport, ReloadError> {
         let old = self.configured();
         let path = std::path::PathBuf::from(&old.config.source);
-        let config = Config::load(&path).map_err(ReloadError::Config)?;
-        let restart_needed = restart_needed(&old.config, &config);
-        let mut configured = Configured::build(config).map_err(ReloadError::Config)?;
+        let mut config = Config::load(&path).map_err(ReloadError::Config)?;
+        let restart_needed = hold_restart_only_keys(&old.config, &mut config);
+        let configured = Arc::new(Configured::build(config).map_err(ReloadError::Config)?);
         let new = configured.config.clone();
         let s = &self.lua_services;
         let blocking = Builtins::blocking(&new, &s.roles, &s.query).map_err(ReloadError::Config)?;
         let engine = LuaEngine::load(App::lua_settings(&new), self.lua_services.clone())
             .map_err(ReloadError::Hooks)?;
-        // Everything is valid: swap it in. Keys needing a restart keep
-        // their running values in the snapshot (SHOW CONFIG tells the truth).
-        if !restart_needed.is_empty() {
-            let mut kept = (*new).clone();
-            kept.listen = old.config.listen;
-            kept.metrics.listen = old.config.metrics.listen;
-            kept.log.format = old.config.log.format;
-            kept.max_auth_clients = old.config.max_auth_clients;
-            kept.auth_monitor = old.config.auth_monitor.clone();
-            kept.hooks.query = old.config.hooks.query.clone();
-            kept.hooks.shared_max_keys = old.config.hooks.shared_max_keys;
-            configured.config = Arc::new(kept);
-        }
-        let new = configured.config.clone();
-        self.configured.store(Arc::new(configured));
+        // Everything is valid: swap it in.
+        self.configured.store(configured.clone());
         self.pools
-            .apply_config(&old.config, &new, &self.configured().server_tls);
+            .apply_config(&old.config, &new, &configured.server_tls);
         self.builtins.blocking.replace_rules(blocking);
         self.hooks
             .set_allow_on_error(new.hooks.on_error == OnError::Allow);
@@ -286,35 +273,27 @@ impl App {
     }
 }
 
-/// The keys whose change a reload cannot apply.
-fn restart_needed(old: &Config, new: &Config) -> Vec<&'static str> {
-    let dbg = |v: &dyn std::fmt::Debug| format!("{v:?}");
-    let mut keys = Vec::new();
-    let mut check = |changed: bool, key: &'static str| {
-        if changed {
-            keys.push(key);
-        }
-    };
-    check(old.listen != new.listen, "listen");
-    check(old.metrics.listen != new.metrics.listen, "metrics.listen");
-    check(old.log.format != new.log.format, "log.format");
-    check(
-        old.max_auth_clients != new.max_auth_clients,
-        "max_auth_clients",
-    );
-    check(
-        dbg(&old.auth_monitor) != dbg(&new.auth_monitor),
-        "auth_monitor",
-    );
-    check(
-        dbg(&old.hooks.query) != dbg(&new.hooks.query),
-        "hooks.query",
-    );
-    check(
-        old.hooks.shared_max_keys != new.hooks.shared_max_keys,
-        "hooks.shared_max_keys",
-    );
-    keys
+/// The keys a reload cannot apply: where the new file changes one, the
+/// running value is put back into `new` (so SHOW CONFIG tells the truth)
+/// and the key is returned.
+fn hold_restart_only_keys(old: &Config, new: &mut Config) -> Vec<&'static str> {
+    let mut held = Vec::new();
+    macro_rules! hold {
+        ($($field:ident).+) => {
+            if format!("{:?}", old.$($field).+) != format!("{:?}", new.$($field).+) {
+                new.$($field).+ = old.$($field).+.clone();
+                held.push(stringify!($($field).+));
+            }
+        };
+    }
+    hold!(listen);
+    hold!(metrics.listen);
+    hold!(log.format);
+    hold!(max_auth_clients);
+    hold!(auth_monitor);
+    hold!(hooks.query);
+    hold!(hooks.shared_max_keys);
+    held
 }
 
 impl Configured {
@@ -605,5 +584,30 @@ impl Server {
         }
         app.builtins.save_state().await;
         tracing::info!("usher stopped");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reload_holds_the_keys_that_need_a_restart() {
+        let old = Config::from_yaml(
+            "listen: 127.0.0.1:6432\npool_size: 3\nmetrics: { listen: 127.0.0.1:9100 }\n",
+            "a.yaml",
+        )
+        .unwrap();
+        let mut new = Config::from_yaml(
+            "listen: 127.0.0.1:7000\npool_size: 5\nmetrics: { listen: 127.0.0.1:9200 }\nmax_auth_clients: 7\n",
+            "a.yaml",
+        )
+        .unwrap();
+        let held = hold_restart_only_keys(&old, &mut new);
+        assert_eq!(held, ["listen", "metrics.listen", "max_auth_clients"]);
+        assert_eq!(new.listen, old.listen);
+        assert_eq!(new.metrics.listen, old.metrics.listen);
+        assert_eq!(new.max_auth_clients, old.max_auth_clients);
+        assert_eq!(new.pool_size, 5, "what a reload can apply is kept");
     }
 }

@@ -185,10 +185,7 @@ async fn pgbench_runs_without_failures_in_both_modes() {
 async fn sigint_lets_running_transactions_finish_then_exits() {
     let pg = PgCluster::shared();
     let mut usher = UsherProcess::start(pg, "pool_mode: transaction\nshutdown_timeout: 20\n");
-    let conn = format!(
-        "host=127.0.0.1 port={} user=alice password={ALICE_PASSWORD} dbname=app",
-        usher.port
-    );
+    let conn = usher.alice_conn_str();
     let (mut c, driver) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
         .await
         .unwrap();
@@ -252,10 +249,7 @@ fn wait_exit(usher: &mut UsherProcess) -> bool {
 async fn sigterm_waits_for_clients_to_leave() {
     let pg = PgCluster::shared();
     let mut usher = UsherProcess::start(pg, "pool_mode: transaction\nshutdown_timeout: 20\n");
-    let conn = format!(
-        "host=127.0.0.1 port={} user=alice password={ALICE_PASSWORD} dbname=app",
-        usher.port
-    );
+    let conn = usher.alice_conn_str();
     let (c, driver) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
         .await
         .unwrap();
@@ -285,10 +279,7 @@ async fn sigterm_waits_for_clients_to_leave() {
 async fn sigusr1_pauses_and_sigusr2_resumes() {
     let pg = PgCluster::shared();
     let usher = UsherProcess::start(pg, "pool_mode: transaction\n");
-    let conn = format!(
-        "host=127.0.0.1 port={} user=alice password={ALICE_PASSWORD} dbname=app",
-        usher.port
-    );
+    let conn = usher.alice_conn_str();
     let (c, driver) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
         .await
         .unwrap();
@@ -406,10 +397,7 @@ fn peak_rss_kb(pid: u32) -> u64 {
 async fn a_large_result_is_not_held_in_memory_whole() {
     let pg = PgCluster::shared();
     let usher = UsherProcess::start(pg, "pool_mode: transaction\n");
-    let conn = format!(
-        "host=127.0.0.1 port={} user=alice password={ALICE_PASSWORD} dbname=app",
-        usher.port
-    );
+    let conn = usher.alice_conn_str();
     let (c, driver) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
         .await
         .unwrap();

@@ -9,6 +9,7 @@ use super::Reply;
 use crate::app::App;
 use crate::backend::ServerSummary;
 use crate::frontend::registry::{ClientHandle, ClientState};
+use crate::hooks::builtin::timestamp;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 const COLUMNS: [&str; 21] = [
@@ -35,21 +36,14 @@ const COLUMNS: [&str; 21] = [
     "id",
 ];
 
-/// A time as PgBouncer prints it: `2024-05-01 12:34:56 UTC`.
+/// A time as PgBouncer prints it: `2024-05-01 12:34:56 UTC` (the auth
+/// monitor's timestamp without its milliseconds and offset).
 fn pgb_time(t: SystemTime) -> String {
-    let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    match time::OffsetDateTime::from_unix_timestamp(secs as i64) {
-        Ok(t) => format!(
-            "{:04}-{:02}-{:02} {:02}:{:02}:{:02} UTC",
-            t.year(),
-            u8::from(t.month()),
-            t.day(),
-            t.hour(),
-            t.minute(),
-            t.second()
-        ),
-        Err(_) => secs.to_string(),
-    }
+    let ms = t
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let stamp = timestamp(ms);
+    format!("{} UTC", stamp.get(..19).unwrap_or(&stamp))
 }
 
 fn s(v: impl ToString) -> Option<String> {

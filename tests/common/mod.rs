@@ -377,6 +377,14 @@ impl UsherProcess {
         }
     }
 
+    /// alice's connection string to this usher (database `app`).
+    pub fn alice_conn_str(&self) -> String {
+        format!(
+            "host=127.0.0.1 port={} user=alice password={ALICE_PASSWORD} dbname=app",
+            self.port
+        )
+    }
+
     pub fn signal(&self, sig: i32) {
         unsafe { libc::kill(self.child.id() as i32, sig) };
     }

@@ -373,8 +373,22 @@ async fn a_broken_config_is_refused_and_the_running_one_stays() {
     assert_eq!(get(row(&config, "key", "pool_size"), "value"), Some("3"));
 
     // A key that needs a restart keeps its running value; the rest applies.
+    // psql shows the WARNING that names it.
     usher.rewrite_config(&usher_yaml(pg, "pool_size: 5\nmax_auth_clients: 7\n"));
-    console(&usher, "RELOAD").await;
+    let out = std::process::Command::new(pg.bin("psql"))
+        .args(["-X", "-c", "RELOAD"])
+        .arg(format!(
+            "host=127.0.0.1 port={} user=admin password=admin-pw dbname=usher",
+            usher.addr.port()
+        ))
+        .output()
+        .expect("psql");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("WARNING") && stderr.contains("max_auth_clients"),
+        "{stderr}"
+    );
     let config = console(&usher, "SHOW CONFIG").await;
     assert_eq!(get(row(&config, "key", "pool_size"), "value"), Some("5"));
     assert_eq!(

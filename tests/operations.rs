@@ -920,3 +920,92 @@ async fn console_columns_match_pgbouncer_and_stats_move() {
         "{rows:?}"
     );
 }
+
+/// What a PgBouncer exporter (e.g. prometheus-community's) asks and how it
+/// reads the answers: each command in simple protocol, with or without a
+/// trailing semicolon; SHOW VERSION has one `version` column; SHOW LISTS
+/// two columns whose items are numbers; SHOW CONFIG four columns with
+/// `max_client_conn` a number; the metric columns of DATABASES,
+/// STATS_TOTALS and POOLS numbers (or NULL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pgbouncer_exporters_queries_all_answer_in_its_shapes() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(pg, "pool_mode: transaction\n").await;
+    usher.alice().await.batch_execute("SELECT 1").await.unwrap();
+    let number = |command: &str, column: &str, value: &str| {
+        assert!(
+            value.is_empty() || value.parse::<f64>().is_ok(),
+            "{command}: {column} = {value:?} is not a number"
+        )
+    };
+    let (columns, _) = console_table(&usher, "SHOW STATS").await;
+    assert!(!columns.is_empty());
+    let (columns, rows) = console_table(&usher, "SHOW VERSION;").await;
+    assert_eq!(columns, ["version"]);
+    assert_eq!(rows.len(), 1);
+    let (columns, rows) = console_table(&usher, "SHOW LISTS;").await;
+    assert_eq!(columns, ["list", "items"]);
+    for r in &rows {
+        number("SHOW LISTS", &r[0], &r[1]);
+    }
+    let (columns, rows) = console_table(&usher, "SHOW CONFIG;").await;
+    assert_eq!(columns, ["key", "value", "default", "changeable"]);
+    let max = rows.iter().find(|r| r[0] == "max_client_conn").unwrap();
+    number("SHOW CONFIG", "max_client_conn", &max[1]);
+    for (command, metrics) in [
+        (
+            "SHOW DATABASES;",
+            &[
+                "pool_size",
+                "max_connections",
+                "current_connections",
+                "paused",
+                "disabled",
+            ][..],
+        ),
+        (
+            "SHOW STATS_TOTALS;",
+            &[
+                "query_count",
+                "query_time",
+                "bytes_received",
+                "bytes_sent",
+                "wait_time",
+                "xact_count",
+                "xact_time",
+                "client_parse_count",
+                "server_parse_count",
+                "bind_count",
+            ][..],
+        ),
+        (
+            "SHOW POOLS;",
+            &[
+                "cl_active",
+                "cl_active_cancel_req",
+                "cl_waiting",
+                "cl_waiting_cancel_req",
+                "sv_active",
+                "sv_active_cancel",
+                "sv_being_canceled",
+                "sv_idle",
+                "sv_used",
+                "sv_tested",
+                "sv_login",
+                "maxwait",
+            ][..],
+        ),
+    ] {
+        let (columns, rows) = console_table(&usher, command).await;
+        assert!(!rows.is_empty(), "{command} has rows");
+        for metric in metrics {
+            let i = columns
+                .iter()
+                .position(|c| c == metric)
+                .unwrap_or_else(|| panic!("{command} has no column {metric}: {columns:?}"));
+            for r in &rows {
+                number(command, metric, &r[i]);
+            }
+        }
+    }
+}

@@ -93,8 +93,8 @@ enum LoggedIn {
 pub async fn handle_client(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
     let _ = tcp.set_nodelay(true);
     let mut stream = ClientStream::Plain(tcp);
-    let (_connected, count) = app.clients.connect();
-    let _gauge = crate::metrics::ClientConnected::new();
+    let (connected, count) = app.clients.connect();
+    let gauge = crate::metrics::ClientConnected::new();
     // One snapshot of the configuration for the whole login.
     let configured = app.configured();
     if configured.config.log.connections {
@@ -123,9 +123,23 @@ pub async fn handle_client(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
     )
     .await;
     drop(slot);
+    // A logged-in client is served by a task of its own, so the login's
+    // state (a large future: TLS, SCRAM, hooks) is freed and an idle client
+    // keeps only what serving it needs.
+    let counted = (connected, gauge);
     match result {
-        Ok(Ok(Some(LoggedIn::Session(session)))) => session.serve(stream).await,
-        Ok(Ok(Some(LoggedIn::Admin(console)))) => console.serve(stream).await,
+        Ok(Ok(Some(LoggedIn::Session(session)))) => {
+            tokio::spawn(async move {
+                let _counted = counted;
+                session.serve(stream).await
+            });
+        }
+        Ok(Ok(Some(LoggedIn::Admin(console)))) => {
+            tokio::spawn(async move {
+                let _counted = counted;
+                console.serve(stream).await
+            });
+        }
         Ok(Ok(None)) => {}
         Ok(Err(e)) => {
             // Refusals were recorded with their own outcome; what is left

@@ -45,7 +45,9 @@ pub fn count_error(error: &PgError) {
 pub async fn close_with_error<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, error: &PgError) {
     send_error(stream, error).await;
     let _ = stream.shutdown().await;
-    let mut sink = [0u8; 4096];
+    // On the heap: an array here would make this future (and every client
+    // task that may call it) 4 KB larger for the client's whole life.
+    let mut sink = vec![0u8; 4096];
     let _ = tokio::time::timeout(Duration::from_millis(500), async {
         let mut total = 0;
         while total < 1 << 20 {

@@ -482,7 +482,12 @@ impl Session {
             self.received += walked.forward as u64;
             let rewrite = stopped_at.filter(|t| *t != b'X');
             if (walked.forward > 0 || rewrite.is_some()) && link.held.is_none() {
-                let checkout = self.begin_transaction(client).await.map_err(End::Error)?;
+                // Boxed (one allocation per transaction): checkout, the
+                // parameter sync and session mode's hooks make a future of
+                // a few KB that would otherwise sit in every idle client.
+                let checkout = Box::pin(self.begin_transaction(client))
+                    .await
+                    .map_err(End::Error)?;
                 link.held = Some(checkout);
                 stats.client_active(1);
                 link.lent_at = Instant::now();

@@ -503,7 +503,9 @@ impl Pool {
                 });
             }
         }
-        let conn = self.connect(&settings).await?;
+        // Boxed: connecting (TLS, SCRAM) is a large future that would
+        // otherwise sit in every client task's state, idle or not.
+        let conn = Box::pin(self.connect(&settings)).await?;
         tracing::debug!(server = conn.id, pid = conn.backend_pid(), db = %self.database, user = %self.user, "server connection opened");
         Ok(Checkout {
             conn,

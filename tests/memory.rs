@@ -52,6 +52,9 @@ async fn an_idle_client_costs_a_few_kilobytes() {
         "idle clients: {before} KB with 100, {after} KB with {}: {per_client:.1} KB each",
         n + 100
     );
-    assert!(per_client < 16.0, "{per_client:.1} KB per idle client");
+    // 5.5 KB measured (debug and release builds); the bound catches a
+    // regression such as a buffer kept while idle or a large array in the
+    // serve future.
+    assert!(per_client < 8.0, "{per_client:.1} KB per idle client");
     drop((warm, more));
 }

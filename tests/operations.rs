@@ -1009,3 +1009,32 @@ async fn a_pgbouncer_exporters_queries_all_answer_in_its_shapes() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_shutdown_answers_then_closes_the_console_and_exits() {
+    let pg = PgCluster::shared();
+    let mut usher = UsherProcess::start(pg, "shutdown_timeout: 30\n");
+    let admin = format!(
+        "host=127.0.0.1 port={} user=admin password=admin-pw dbname=pgbouncer",
+        usher.port
+    );
+    let (c, driver) = tokio_postgres::connect(&admin, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let driver = tokio::spawn(driver);
+    let started = Instant::now();
+    let replies = c.simple_query("SHUTDOWN").await.expect("SHUTDOWN answers");
+    assert!(matches!(
+        replies.last(),
+        Some(tokio_postgres::SimpleQueryMessage::CommandComplete(_))
+    ));
+    // The console connection itself is ended (57P01), so it does not hold
+    // the exit up until shutdown_timeout.
+    let e = driver.await.unwrap().expect_err("the console is closed");
+    assert_eq!(sqlstate(&e).as_deref(), Some("57P01"), "{e:?}");
+    assert!(wait_exit(&mut usher), "usher exits cleanly");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "usher waited for its own console client"
+    );
+}

@@ -106,8 +106,22 @@ impl Console {
     }
 
     async fn answer(&self, stream: &mut ClientStream) {
+        // Between commands the console ends with the other clients when
+        // usher drains (SHUTDOWN, SIGINT), so it does not hold the exit up.
+        let mut drain = self.app.draining();
         loop {
-            let msg = match read_message(stream, 64 * 1024).await {
+            let read = tokio::select! {
+                read = read_message(stream, 64 * 1024) => Some(read),
+                _ = async { drop(drain.wait_for(|d| *d).await) } => None,
+            };
+            let Some(read) = read else {
+                let e = PgError::fatal(
+                    sqlstate::ADMIN_SHUTDOWN,
+                    "terminating connection because usher is shutting down",
+                );
+                return close_with_error(stream, &e).await;
+            };
+            let msg = match read {
                 Ok(Some(m)) => m,
                 Ok(None) => return,
                 Err(e) => return close_with_error(stream, &e).await,

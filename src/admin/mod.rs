@@ -93,15 +93,25 @@ impl Console {
     /// Answers simple queries until the client leaves or is killed.
     pub async fn serve(self, mut stream: ClientStream) {
         let handle = self.registration.handle.clone();
-        tokio::select! {
-            _ = self.answer(&mut stream) => {}
+        let reason = tokio::select! {
+            _ = self.answer(&mut stream) => "client",
             _ = handle.killed() => {
                 let e = PgError::fatal(
                     sqlstate::ADMIN_SHUTDOWN,
                     "terminating connection due to administrator command",
                 );
                 close_with_error(&mut stream, &e).await;
+                "killed"
             }
+        };
+        if self.app.config().log.disconnections {
+            let facts = &handle.facts;
+            let duration = handle.connect_time.elapsed().unwrap_or_default();
+            tracing::info!(
+                user = %facts.user, database = %facts.database, addr = %facts.addr,
+                duration_ms = duration.as_millis() as u64, reason,
+                "console client disconnected"
+            );
         }
     }
 

@@ -180,22 +180,22 @@ impl Session {
         };
         // Transaction mode: the session begins now, with no server
         // connection; session mode: when its server connection is assigned.
+        let mut started = Ok(Vec::new());
         if self.mode == PoolMode::Transaction {
             self.session_started = true;
-            if let Err(e) = self
+            started = self
                 .start_session(&mut client, SessionReason::NewSession, None)
-                .await
-            {
-                close_with_error(&mut client, &e).await;
-                return;
-            }
+                .await;
         }
         // KILL_CLIENT / KILL end the session wherever it is, even waiting
         // for a server connection; what it held is then in an unknown state.
         let handle = self.handle.clone();
-        let (end, interrupted) = tokio::select! {
-            end = self.serve_loop(&mut client, &mut link) => (end, false),
-            _ = handle.killed() => (End::Error(killed()), true),
+        let (end, interrupted) = match started {
+            Err(e) => (End::Error(e), false),
+            Ok(_) => tokio::select! {
+                end = self.serve_loop(&mut client, &mut link) => (end, false),
+                _ = handle.killed() => (End::Error(killed()), true),
+            },
         };
         self.handle.set_server(None);
         if let Some(checkout) = link.held.take() {

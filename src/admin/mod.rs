@@ -10,14 +10,13 @@ mod stats;
 
 use crate::app::{App, ShutdownMode};
 use crate::frontend::close_with_error;
-use crate::frontend::registry::{ClientState, Registration};
+use crate::frontend::registry::Registration;
 use crate::frontend::stream::ClientStream;
 use crate::hooks::builtin::{AuthMonitor, Table};
 use crate::protocol::error::sqlstate;
 use crate::protocol::messages::{self, read_message};
 use crate::protocol::PgError;
 use bytes::BytesMut;
-use std::collections::HashMap;
 use std::sync::Arc;
 use tokio::io::AsyncWriteExt;
 
@@ -346,7 +345,7 @@ impl Console {
                 &["version"],
                 vec![vec![Some(format!("usher {}", env!("CARGO_PKG_VERSION")))]],
             )),
-            "POOLS" => Ok(self.show_pools()),
+            "POOLS" => Ok(stats::show_pools(&self.app)),
             "CLIENTS" => Ok(clients::show_clients(&self.app)),
             "SERVERS" => Ok(clients::show_servers(&self.app)),
             "STATE" => Ok(Reply::rows(
@@ -424,73 +423,6 @@ impl Console {
             ],
             rows,
         )
-    }
-
-    fn show_pools(&self) -> Reply {
-        use std::sync::atomic::Ordering::Relaxed;
-        let columns = [
-            "database",
-            "user",
-            "cl_active",
-            "cl_waiting",
-            "cl_active_cancel_req",
-            "cl_waiting_cancel_req",
-            "sv_active",
-            "sv_active_cancel",
-            "sv_being_canceled",
-            "sv_idle",
-            "sv_used",
-            "sv_tested",
-            "sv_login",
-            "maxwait",
-            "maxwait_us",
-            "pool_mode",
-            "load_balance_hosts",
-        ];
-        let mut pools = self.app.pools.all();
-        pools.sort_by(|a, b| (&a.database, &a.user).cmp(&(&b.database, &b.user)));
-        // Per pool: logged-in clients not waiting (PgBouncer counts idle
-        // clients as active too) and the longest current wait.
-        let mut clients: HashMap<(String, String), (usize, u64)> = HashMap::new();
-        for c in self.app.clients.all() {
-            let key = (c.facts.database.clone(), c.facts.user.clone());
-            let entry = clients.entry(key).or_default();
-            if c.state() == ClientState::Waiting {
-                entry.1 = entry.1.max(c.wait_us());
-            } else {
-                entry.0 += 1;
-            }
-        }
-        let rows = pools
-            .iter()
-            .map(|p| {
-                let n = |v: usize| Some(v.to_string());
-                let (active, maxwait_us) = clients
-                    .get(&(p.database.clone(), p.user.clone()))
-                    .copied()
-                    .unwrap_or_default();
-                vec![
-                    Some(p.database.clone()),
-                    Some(p.user.clone()),
-                    n(active),
-                    n(p.stats.waiting.load(Relaxed)),
-                    n(0),
-                    n(0),
-                    n(p.stats.active.load(Relaxed)),
-                    n(0),
-                    n(0),
-                    n(p.idle_count()),
-                    n(0),
-                    n(0),
-                    n(p.stats.servers_login.load(Relaxed)),
-                    Some((maxwait_us / 1_000_000).to_string()),
-                    Some((maxwait_us % 1_000_000).to_string()),
-                    Some(p.mode().to_string()),
-                    None,
-                ]
-            })
-            .collect();
-        Reply::rows(&columns, rows)
     }
 }
 

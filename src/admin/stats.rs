@@ -8,8 +8,9 @@
 
 use super::Reply;
 use crate::app::App;
+use crate::frontend::registry::ClientState;
 use crate::pool::Pool;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
@@ -114,6 +115,73 @@ pub(super) fn show_stats(app: &App) -> Reply {
                 n(0),
                 n(0),
                 n(0),
+            ]
+        })
+        .collect();
+    Reply::rows(&columns, rows)
+}
+
+/// SHOW POOLS: one row per pool. `cl_active` counts logged-in clients not
+/// waiting (PgBouncer counts idle clients as active too).
+pub(super) fn show_pools(app: &App) -> Reply {
+    let columns = [
+        "database",
+        "user",
+        "cl_active",
+        "cl_waiting",
+        "cl_active_cancel_req",
+        "cl_waiting_cancel_req",
+        "sv_active",
+        "sv_active_cancel",
+        "sv_being_canceled",
+        "sv_idle",
+        "sv_used",
+        "sv_tested",
+        "sv_login",
+        "maxwait",
+        "maxwait_us",
+        "pool_mode",
+        "load_balance_hosts",
+    ];
+    let mut pools = app.pools.all();
+    pools.sort_by(|a, b| (&a.database, &a.user).cmp(&(&b.database, &b.user)));
+    // Per pool: logged-in clients not waiting, and the longest current wait.
+    let mut clients: HashMap<(String, String), (usize, u64)> = HashMap::new();
+    for c in app.clients.all() {
+        let key = (c.facts.database.clone(), c.facts.user.clone());
+        let entry = clients.entry(key).or_default();
+        if c.state() == ClientState::Waiting {
+            entry.1 = entry.1.max(c.wait_us());
+        } else {
+            entry.0 += 1;
+        }
+    }
+    let rows = pools
+        .iter()
+        .map(|p| {
+            let n = |v: usize| Some(v.to_string());
+            let (active, maxwait_us) = clients
+                .get(&(p.database.clone(), p.user.clone()))
+                .copied()
+                .unwrap_or_default();
+            vec![
+                Some(p.database.clone()),
+                Some(p.user.clone()),
+                n(active),
+                n(p.stats.waiting.load(Relaxed)),
+                n(0),
+                n(0),
+                n(p.stats.active.load(Relaxed)),
+                n(0),
+                n(0),
+                n(p.idle_count()),
+                n(0),
+                n(0),
+                n(p.stats.servers_login.load(Relaxed)),
+                Some((maxwait_us / 1_000_000).to_string()),
+                Some((maxwait_us % 1_000_000).to_string()),
+                Some(p.mode().to_string()),
+                None,
             ]
         })
         .collect();

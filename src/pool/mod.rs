@@ -14,8 +14,12 @@
 //!   connections of older ones are closed now, lent ones when they return.
 
 mod registry;
+mod stats;
 
 pub use registry::Pools;
+pub use stats::PoolStats;
+
+use stats::{Lent, Waiting};
 
 use crate::backend::{self, ServerConn, ServerTarget};
 use crate::config::{PoolLimits, PoolMode};
@@ -27,32 +31,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
-
-/// Counters of one pool, for the console and metrics. Relaxed atomics,
-/// mirrored into metric handles registered once per pool.
-#[derive(Debug)]
-pub struct PoolStats {
-    metrics: PoolMetrics,
-    pub server_connects: AtomicU64,
-    pub checkouts: AtomicU64,
-    pub transactions: AtomicU64,
-    pub waiting: AtomicUsize,
-    pub active: AtomicUsize,
-    /// Total microseconds clients waited for a server connection.
-    pub wait_us: AtomicU64,
-    /// Queries (simple Query and extended Execute messages) clients sent.
-    pub queries: AtomicU64,
-    /// Bytes from clients to servers, and from servers to clients.
-    pub received: AtomicU64,
-    pub sent: AtomicU64,
-    /// Total microseconds server connections spent lent for a transaction
-    /// (transaction mode).
-    pub xact_us: AtomicU64,
-    /// Clients holding a server connection of this pool right now.
-    pub clients_active: AtomicUsize,
-    /// Server connections being opened (connect and login) right now.
-    pub servers_login: AtomicUsize,
-}
 
 /// Server connections for one (database, user).
 #[derive(Debug)]
@@ -94,42 +72,6 @@ pub struct Checkout {
     _lent: Lent,
 }
 
-/// Counts a lent connection as active until dropped: however a checkout
-/// ends (checked in, discarded, or dropped with a task that was killed),
-/// the count comes back down.
-#[derive(Debug)]
-struct Lent(Arc<PoolStats>);
-
-impl Lent {
-    fn new(stats: &Arc<PoolStats>) -> Lent {
-        stats.active(1);
-        Lent(stats.clone())
-    }
-}
-
-impl Drop for Lent {
-    fn drop(&mut self) {
-        self.0.active(-1);
-    }
-}
-
-/// Counts a client waiting for a connection until dropped (a waiting task
-/// may be killed).
-struct Waiting<'a>(&'a PoolStats);
-
-impl<'a> Waiting<'a> {
-    fn new(stats: &'a PoolStats) -> Waiting<'a> {
-        stats.waiting(1);
-        Waiting(stats)
-    }
-}
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.0.waiting(-1);
-    }
-}
-
 /// A semaphore permit that is forgotten instead of returned while the pool
 /// owes permits (it shrank).
 #[derive(Debug)]
@@ -148,145 +90,6 @@ impl Drop for Permit {
                 p.forget();
             }
         }
-    }
-}
-
-/// The Prometheus side of [`PoolStats`].
-#[derive(Debug)]
-struct PoolMetrics {
-    transactions: metrics::Counter,
-    waiting: metrics::Gauge,
-    active: metrics::Gauge,
-    idle: metrics::Gauge,
-    connects: metrics::Counter,
-    wait: metrics::Histogram,
-    clients_active: metrics::Gauge,
-    servers_login: metrics::Gauge,
-    transaction: metrics::Histogram,
-    queries: metrics::Counter,
-    received: metrics::Counter,
-    sent: metrics::Counter,
-}
-
-impl PoolStats {
-    fn new(database: &str, user: &str) -> Self {
-        use crate::metrics as m;
-        let labels = [
-            ("database", database.to_string()),
-            ("user", user.to_string()),
-        ];
-        PoolStats {
-            metrics: PoolMetrics {
-                transactions: metrics::counter!(m::TRANSACTIONS, &labels),
-                waiting: metrics::gauge!(m::CLIENTS_WAITING, &labels),
-                active: metrics::gauge!(m::SERVERS_ACTIVE, &labels),
-                idle: metrics::gauge!(m::SERVERS_IDLE, &labels),
-                connects: metrics::counter!(m::SERVER_CONNECTS, &labels),
-                wait: metrics::histogram!(m::WAIT_SECONDS, &labels),
-                clients_active: metrics::gauge!(m::CLIENTS_ACTIVE, &labels),
-                servers_login: metrics::gauge!(m::SERVERS_LOGIN, &labels),
-                transaction: metrics::histogram!(m::TRANSACTION_SECONDS, &labels),
-                queries: metrics::counter!(m::QUERIES, &labels),
-                received: metrics::counter!(m::CLIENT_RECEIVED_BYTES, &labels),
-                sent: metrics::counter!(m::CLIENT_SENT_BYTES, &labels),
-            },
-            server_connects: AtomicU64::new(0),
-            checkouts: AtomicU64::new(0),
-            transactions: AtomicU64::new(0),
-            waiting: AtomicUsize::new(0),
-            active: AtomicUsize::new(0),
-            wait_us: AtomicU64::new(0),
-            queries: AtomicU64::new(0),
-            received: AtomicU64::new(0),
-            sent: AtomicU64::new(0),
-            xact_us: AtomicU64::new(0),
-            clients_active: AtomicUsize::new(0),
-            servers_login: AtomicUsize::new(0),
-        }
-    }
-
-    fn waiting(&self, delta: isize) {
-        if delta > 0 {
-            self.waiting.fetch_add(1, Ordering::Relaxed);
-        } else {
-            self.waiting.fetch_sub(1, Ordering::Relaxed);
-        }
-        self.metrics.waiting.increment(delta as f64);
-    }
-
-    fn active(&self, delta: isize) {
-        if delta > 0 {
-            self.active.fetch_add(1, Ordering::Relaxed);
-        } else {
-            self.active.fetch_sub(1, Ordering::Relaxed);
-        }
-        self.metrics.active.increment(delta as f64);
-    }
-
-    fn connected(&self) {
-        self.server_connects.fetch_add(1, Ordering::Relaxed);
-        self.metrics.connects.increment(1);
-    }
-
-    /// A transaction ended (the server said ReadyForQuery 'I' with nothing owed).
-    pub fn transaction_done(&self) {
-        self.transactions.fetch_add(1, Ordering::Relaxed);
-        self.metrics.transactions.increment(1);
-    }
-
-    /// A client took (+1) or gave back (-1) a server connection.
-    pub fn client_active(&self, delta: isize) {
-        if delta > 0 {
-            self.clients_active.fetch_add(1, Ordering::Relaxed);
-        } else {
-            self.clients_active.fetch_sub(1, Ordering::Relaxed);
-        }
-        self.metrics.clients_active.increment(delta as f64);
-    }
-
-    /// A transaction-mode server connection went back after `lent`.
-    pub fn transaction_time(&self, lent: Duration) {
-        self.xact_us
-            .fetch_add(lent.as_micros() as u64, Ordering::Relaxed);
-        self.metrics.transaction.record(lent.as_secs_f64());
-    }
-
-    /// Queries (Query and Execute messages) clients sent.
-    pub fn queries(&self, n: u64) {
-        if n > 0 {
-            self.queries.fetch_add(n, Ordering::Relaxed);
-            self.metrics.queries.increment(n);
-        }
-    }
-
-    /// Bytes received from a client (forwarded to its server).
-    pub fn received(&self, bytes: u64) {
-        self.received.fetch_add(bytes, Ordering::Relaxed);
-        self.metrics.received.increment(bytes);
-    }
-
-    /// Bytes sent to a client (from its server).
-    pub fn sent(&self, bytes: u64) {
-        self.sent.fetch_add(bytes, Ordering::Relaxed);
-        self.metrics.sent.increment(bytes);
-    }
-
-    /// Counts a server connection being opened until the guard drops
-    /// (the connect and login ended, well or not, or were abandoned).
-    fn logging_in(&self) -> LoginGuard<'_> {
-        self.servers_login.fetch_add(1, Ordering::Relaxed);
-        self.metrics.servers_login.increment(1.0);
-        LoginGuard(self)
-    }
-}
-
-/// See [`PoolStats::logging_in`].
-struct LoginGuard<'a>(&'a PoolStats);
-
-impl Drop for LoginGuard<'_> {
-    fn drop(&mut self) {
-        self.0.servers_login.fetch_sub(1, Ordering::Relaxed);
-        self.0.metrics.servers_login.decrement(1.0);
     }
 }
 
@@ -455,13 +258,7 @@ impl Pool {
         })
         .await;
         drop(waiting);
-        self.stats
-            .metrics
-            .wait
-            .record(started.elapsed().as_secs_f64());
-        self.stats
-            .wait_us
-            .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        self.stats.waited(started.elapsed());
         let permit = match permit {
             Ok(Ok(p)) => p,
             Ok(Err(_)) => {
@@ -530,14 +327,14 @@ impl Pool {
     fn pop_idle(&self) -> Option<ServerConn> {
         let mut idle = self.idle.lock().unwrap();
         let conn = idle.pop();
-        self.stats.metrics.idle.set(idle.len() as f64);
+        self.stats.idle_servers(idle.len());
         conn
     }
 
     fn push_idle(&self, conn: ServerConn) {
         let mut idle = self.idle.lock().unwrap();
         idle.push(conn);
-        self.stats.metrics.idle.set(idle.len() as f64);
+        self.stats.idle_servers(idle.len());
     }
 
     /// Decides whether an idle connection may be handed out: not past its
@@ -630,7 +427,7 @@ impl Pool {
     pub fn close_idle(&self) {
         let mut idle = self.idle.lock().unwrap();
         idle.clear();
-        self.stats.metrics.idle.set(0.0);
+        self.stats.idle_servers(0);
     }
 
     /// Housekeeping, run periodically: closes idle connections past
@@ -690,7 +487,7 @@ impl Pool {
             // The front holds the least recently used.
             let extra = idle.len() - keep;
             idle.drain(..extra);
-            self.stats.metrics.idle.set(idle.len() as f64);
+            self.stats.idle_servers(idle.len());
         }
     }
 

@@ -206,12 +206,8 @@ async fn sigint_lets_running_transactions_finish_then_exits() {
     // SIGINT is PgBouncer's "wait for servers": each client ends once its
     // transaction is over.
     usher.signal(libc::SIGINT);
-    tokio::time::sleep(Duration::from_millis(500)).await;
-
     // No new clients are accepted.
-    assert!(tokio_postgres::connect(&conn, tokio_postgres::NoTls)
-        .await
-        .is_err());
+    wait_until_refused(&conn).await;
     // The idle client was closed with 57P01.
     let e = idle_driver.await.unwrap().expect_err("idle client closed");
     assert_eq!(sqlstate(&e).as_deref(), Some("57P01"), "{e:?}");
@@ -231,6 +227,18 @@ async fn sigint_lets_running_transactions_finish_then_exits() {
         pg.psql_super_db("app", "SELECT count(*) FROM shutdown_t"),
         "2"
     );
+}
+
+/// Waits until usher refuses new connections (shutdown closed its listener).
+async fn wait_until_refused(conn: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tokio_postgres::connect(conn, tokio_postgres::NoTls)
+        .await
+        .is_ok()
+    {
+        assert!(Instant::now() < deadline, "usher still accepts clients");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Waits for the usher process to exit; returns whether it exited cleanly.
@@ -258,10 +266,7 @@ async fn sigterm_waits_for_clients_to_leave() {
     // SIGTERM is PgBouncer's "wait for clients": no new clients, but the
     // connected one keeps working, transaction after transaction.
     usher.signal(libc::SIGTERM);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(tokio_postgres::connect(&conn, tokio_postgres::NoTls)
-        .await
-        .is_err());
+    wait_until_refused(&conn).await;
     for _ in 0..3 {
         c.batch_execute("BEGIN; SELECT 1; COMMIT").await.unwrap();
     }
@@ -286,7 +291,26 @@ async fn sigusr1_pauses_and_sigusr2_resumes() {
     tokio::spawn(driver);
     c.batch_execute("SELECT 1").await.unwrap();
     usher.signal(libc::SIGUSR1);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let admin = format!(
+        "host=127.0.0.1 port={} user=admin password=admin-pw dbname=usher",
+        usher.port
+    );
+    let (console, console_driver) = tokio_postgres::connect(&admin, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(console_driver);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let state = console.simple_query("SHOW STATE").await.unwrap();
+        let paused = state.iter().any(|m| {
+            matches!(m, tokio_postgres::SimpleQueryMessage::Row(r) if r.get(0) == Some("paused"))
+        });
+        if paused {
+            break;
+        }
+        assert!(Instant::now() < deadline, "SIGUSR1 did not pause");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let query = tokio::spawn(async move { c.batch_execute("SELECT 1").await });
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!query.is_finished(), "a query ran while paused");

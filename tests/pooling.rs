@@ -274,3 +274,31 @@ async fn session_mode_resets_the_server_between_clients() {
         .get(0);
     assert_eq!(temp, 0);
 }
+
+/// A client that pipelines (tokio-postgres sends every query at once and
+/// reads the answers as they come) with large requests and large answers:
+/// usher keeps reading the server while its writes to the server wait, or
+/// the server (blocked on its output) and usher (blocked on its input)
+/// would wait for each other forever. PostgreSQL alone serves this.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipelining_client_with_large_requests_and_answers_does_not_stall() {
+    let pg = PgCluster::shared();
+    for mode in ["transaction", "session"] {
+        let usher = Usher::start(pg, &format!("pool_mode: {mode}\n")).await;
+        let c = usher.alice().await;
+        let stmt = c.prepare("SELECT $1::text || $1::text").await.unwrap();
+        let big = "y".repeat(100_000);
+        let params: &[&(dyn tokio_postgres::types::ToSql + Sync)] = &[&big];
+        let queries: Vec<_> = (0..1000).map(|_| c.query(&stmt, params)).collect();
+        let answers = tokio::time::timeout(
+            std::time::Duration::from_secs(60),
+            futures_util::future::join_all(queries),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{mode} mode: the pipeline stalled"));
+        for rows in answers {
+            let value: String = rows.unwrap()[0].get(0);
+            assert_eq!(value.len(), 200_000);
+        }
+    }
+}

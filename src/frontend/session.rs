@@ -28,9 +28,11 @@ use crate::protocol::messages::{self, parse_parameter_status};
 use crate::protocol::PgError;
 use bytes::{Buf, BytesMut};
 use std::collections::HashMap;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Instant;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Read buffers grow from this size; they are freed while the client is idle.
 const BUFFER_SIZE: usize = 16 * 1024;
@@ -87,19 +89,14 @@ struct Link {
     plan: ResponsePlan,
     in_buf: BytesMut,
     out_buf: BytesMut,
+    /// Client bytes forwarded but not yet written to the server. The serve
+    /// loop writes them while it keeps reading the server, so a client that
+    /// pipelines (writing while it reads) cannot deadlock usher and the
+    /// server against each other; it reads no more from the client until
+    /// they are written.
+    to_server: BytesMut,
     in_walker: FrameWalker,
     out_walker: FrameWalker,
-}
-
-impl Link {
-    /// The held server connection. Only called where one is held.
-    fn server(&mut self) -> &mut crate::backend::ServerConn {
-        &mut self
-            .held
-            .as_mut()
-            .expect("a server connection is held")
-            .conn
-    }
 }
 
 /// Where the conversation with the server stands, from the messages seen.
@@ -174,6 +171,7 @@ impl Session {
             plan: ResponsePlan::default(),
             in_buf: BytesMut::new(),
             out_buf: BytesMut::new(),
+            to_server: BytesMut::new(),
             // Rewritten messages are read whole, so they may be as large as any.
             in_walker: FrameWalker::new(max_message).inspect_up_to(max_message),
             out_walker: FrameWalker::new(usize::MAX >> 1),
@@ -203,7 +201,8 @@ impl Session {
             let clean = !interrupted
                 && link.flow.quiet()
                 && link.flow.status == b'I'
-                && link.out_buf.is_empty();
+                && link.out_buf.is_empty()
+                && link.to_server.is_empty();
             match (clean, self.mode) {
                 (true, PoolMode::Session) => self.pool.reset_and_checkin(checkout).await,
                 (true, PoolMode::Transaction) => self.pool.checkin(checkout),
@@ -249,7 +248,8 @@ impl Session {
         let mut shutdown = self.app.draining();
         let pool = self.pool.clone();
         loop {
-            let between_messages = link.flow.quiet() && link.in_walker.at_boundary();
+            let between_messages =
+                link.flow.quiet() && link.in_walker.at_boundary() && link.to_server.is_empty();
             // A client may be ended by shutdown only between transactions.
             let idle = link.held.is_none() || (between_messages && link.flow.status == b'I');
             if idle && *shutdown.borrow() {
@@ -276,6 +276,10 @@ impl Session {
             let in_buf = &mut link.in_buf;
             let out_buf = &mut link.out_buf;
             let held = &mut link.held;
+            let to_server = &mut link.to_server;
+            // Backpressure: nothing more from the client until what it sent
+            // is on its way to the server.
+            let read_client = to_server.is_empty();
             let event = tokio::select! {
                 end = async {
                     match idle_limit {
@@ -292,31 +296,36 @@ impl Session {
                         in_buf.reserve(BUFFER_SIZE);
                     }
                     client.read_buf(in_buf).await
-                } => match read {
+                }, if read_client => match read {
                     Ok(0) | Err(_) => return End::ClientLeft,
                     Ok(_) => Wake::ClientData,
                 },
-                read = async {
+                io = async {
                     match held.as_mut() {
-                        Some(c) => c.conn.stream.read_buf(out_buf).await,
+                        Some(c) => server_io(&mut c.conn.stream, to_server, out_buf).await,
                         None => std::future::pending().await,
                     }
-                } => match read {
-                    Ok(0) => return End::Error(server_lost("server closed the connection unexpectedly")),
+                } => match io {
+                    Ok(ServerIo::Read(0)) => return End::Error(server_lost("server closed the connection unexpectedly")),
+                    Ok(ServerIo::Read(_)) => Wake::ServerData,
+                    Ok(ServerIo::Wrote) => Wake::ServerWritten,
                     Err(e) => return End::Error(server_lost(&e.to_string())),
-                    Ok(_) => Wake::ServerData,
                 },
                 _ = shutdown.changed(), if idle => Wake::Shutdown,
             };
             let result = match event {
                 Wake::ClientData => self.forward_client_data(client, link).await,
                 Wake::ServerData => self.forward_server_data(client, link).await,
-                Wake::Shutdown => Ok(()),
+                Wake::ServerWritten | Wake::Shutdown => Ok(()),
             };
             if let Err(end) = result {
                 return end;
             }
-            if link.discarded && link.flow.quiet() && link.in_walker.at_boundary() {
+            if link.discarded
+                && link.flow.quiet()
+                && link.in_walker.at_boundary()
+                && link.to_server.is_empty()
+            {
                 // The client's DISCARD ALL completed: its session begins anew.
                 link.discarded = false;
                 if let Err(e) = self.restart_session(client, link).await {
@@ -495,7 +504,7 @@ impl Session {
             }
             if walked.forward > 0 {
                 let chunk = link.in_buf.split_to(walked.forward);
-                write_server(link.server(), &chunk).await?;
+                queue_for_server(&mut link.to_server, chunk);
             }
             match stopped_at {
                 None => return Ok(()),
@@ -518,7 +527,7 @@ impl Session {
                     link.flow.unsynced = true;
                     stats.received(message.len() as u64);
                     self.received += message.len() as u64;
-                    write_server(link.server(), &out).await?;
+                    queue_for_server(&mut link.to_server, out);
                 }
             }
         }
@@ -534,7 +543,8 @@ impl Session {
     ) -> Result<(), End> {
         let mode = self.mode;
         let rewriting = self.rewriting;
-        let at_boundary = link.in_walker.at_boundary();
+        // Released only with nothing of the client's half-read or queued.
+        let at_boundary = link.in_walker.at_boundary() && link.to_server.is_empty();
         loop {
             let mut answer = None;
             let mut discarded = false;
@@ -769,15 +779,60 @@ fn server_info(checkout: &Checkout) -> ServerInfo {
 enum Wake {
     ClientData,
     ServerData,
+    /// Queued client bytes went (partly) to the server.
+    ServerWritten,
     Shutdown,
 }
 
-async fn write_server(server: &mut crate::backend::ServerConn, bytes: &[u8]) -> Result<(), End> {
-    server
-        .stream
-        .write_all(bytes)
-        .await
-        .map_err(|e| End::Error(server_lost(&e.to_string())))
+/// What the server connection did.
+enum ServerIo {
+    /// Read this many bytes into the buffer (0: the server closed).
+    Read(usize),
+    /// Wrote some of the queued bytes.
+    Wrote,
+}
+
+/// Adds client bytes to those queued for the server (no copy when none are).
+fn queue_for_server(queue: &mut BytesMut, bytes: BytesMut) {
+    if queue.is_empty() {
+        *queue = bytes;
+    } else {
+        queue.extend_from_slice(&bytes);
+    }
+}
+
+/// Writes queued bytes to the server and reads what it sends, whichever
+/// can happen first: the server is read even while a write waits, since a
+/// server blocked on its own output reads nothing more.
+async fn server_io(
+    stream: &mut crate::backend::ServerStream,
+    to_server: &mut BytesMut,
+    out_buf: &mut BytesMut,
+) -> std::io::Result<ServerIo> {
+    if out_buf.capacity() == out_buf.len() {
+        out_buf.reserve(BUFFER_SIZE);
+    }
+    std::future::poll_fn(|cx| {
+        if !to_server.is_empty() {
+            match Pin::new(&mut *stream).poll_write(cx, to_server) {
+                Poll::Ready(Ok(0)) => {
+                    return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into()))
+                }
+                Poll::Ready(Ok(n)) => {
+                    to_server.advance(n);
+                    if to_server.is_empty() {
+                        // Let go of the read buffer it may share.
+                        *to_server = BytesMut::new();
+                    }
+                    return Poll::Ready(Ok(ServerIo::Wrote));
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => {}
+            }
+        }
+        tokio_util::io::poll_read_buf(Pin::new(&mut *stream), cx, out_buf).map_ok(ServerIo::Read)
+    })
+    .await
 }
 
 fn idle_session_timeout() -> PgError {

@@ -20,10 +20,7 @@ fn rss_kb(pid: u32) -> u64 {
 async fn idle_clients(usher: &UsherProcess, n: usize) -> Vec<tokio_postgres::Client> {
     let mut clients = Vec::with_capacity(n);
     for _ in 0..n {
-        let (c, driver) = tokio_postgres::connect(&usher.alice_conn_str(), tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(driver);
+        let (c, _driver) = usher.alice().await;
         c.batch_execute("SELECT 1").await.unwrap();
         clients.push(c);
     }

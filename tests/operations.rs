@@ -186,14 +186,8 @@ async fn sigint_lets_running_transactions_finish_then_exits() {
     let pg = PgCluster::shared();
     let mut usher = UsherProcess::start(pg, "pool_mode: transaction\nshutdown_timeout: 20\n");
     let conn = usher.alice_conn_str();
-    let (mut c, driver) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    let driver = tokio::spawn(driver);
-    let (idle, idle_driver) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    let idle_driver = tokio::spawn(idle_driver);
+    let (mut c, driver) = usher.alice().await;
+    let (idle, idle_driver) = usher.alice().await;
     c.batch_execute("DROP TABLE IF EXISTS shutdown_t; CREATE TABLE shutdown_t (v int)")
         .await
         .unwrap();
@@ -258,10 +252,7 @@ async fn sigterm_waits_for_clients_to_leave() {
     let pg = PgCluster::shared();
     let mut usher = UsherProcess::start(pg, "pool_mode: transaction\nshutdown_timeout: 20\n");
     let conn = usher.alice_conn_str();
-    let (c, driver) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    let driver = tokio::spawn(driver);
+    let (c, driver) = usher.alice().await;
     c.batch_execute("SELECT 1").await.unwrap();
     // SIGTERM is PgBouncer's "wait for clients": no new clients, but the
     // connected one keeps working, transaction after transaction.
@@ -284,11 +275,7 @@ async fn sigterm_waits_for_clients_to_leave() {
 async fn sigusr1_pauses_and_sigusr2_resumes() {
     let pg = PgCluster::shared();
     let usher = UsherProcess::start(pg, "pool_mode: transaction\n");
-    let conn = usher.alice_conn_str();
-    let (c, driver) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(driver);
+    let (c, _driver) = usher.alice().await;
     c.batch_execute("SELECT 1").await.unwrap();
     usher.signal(libc::SIGUSR1);
     let admin = format!(
@@ -421,11 +408,7 @@ fn peak_rss_kb(pid: u32) -> u64 {
 async fn a_large_result_is_not_held_in_memory_whole() {
     let pg = PgCluster::shared();
     let usher = UsherProcess::start(pg, "pool_mode: transaction\n");
-    let conn = usher.alice_conn_str();
-    let (c, driver) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(driver);
+    let (c, _driver) = usher.alice().await;
     let before = peak_rss_kb(usher.child.id());
     // About 300 MB of rows; the client reads them slowly at first so that
     // usher must hold back rather than buffer.

@@ -385,6 +385,19 @@ impl UsherProcess {
         )
     }
 
+    /// alice connected to this usher, with her connection's driver task.
+    pub async fn alice(
+        &self,
+    ) -> (
+        tokio_postgres::Client,
+        tokio::task::JoinHandle<Result<(), tokio_postgres::Error>>,
+    ) {
+        let (c, conn) = tokio_postgres::connect(&self.alice_conn_str(), tokio_postgres::NoTls)
+            .await
+            .expect("alice connects");
+        (c, tokio::spawn(conn))
+    }
+
     pub fn signal(&self, sig: i32) {
         unsafe { libc::kill(self.child.id() as i32, sig) };
     }

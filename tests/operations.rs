@@ -347,6 +347,22 @@ async fn sighup_reloads_the_configuration_file() {
     }
 }
 
+/// The configuration the quickstart runs (and the README shows) stays
+/// valid, with the repository's example hooks.
+#[test]
+fn the_shipped_configuration_is_valid() {
+    let out = Command::new(env!("CARGO_BIN_EXE_usher"))
+        .args(["check", "--config", "config/usher.yaml"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn check_validates_and_names_file_and_key() {
     let dir = tempfile::tempdir().unwrap();

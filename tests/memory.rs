@@ -52,7 +52,7 @@ async fn an_idle_client_costs_a_few_kilobytes() {
         "idle clients: {before} KB with 100, {after} KB with {}: {per_client:.1} KB each",
         n + 100
     );
-    // 5.5 KB measured (debug and release builds); the bound catches a
+    // 5.3 KB measured (debug and release builds); the bound catches a
     // regression such as a buffer kept while idle or a large array in the
     // serve future.
     assert!(per_client < 8.0, "{per_client:.1} KB per idle client");

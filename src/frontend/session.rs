@@ -181,9 +181,8 @@ impl Session {
         let mut started = Ok(Vec::new());
         if self.mode == PoolMode::Transaction {
             self.session_started = true;
-            started = self
-                .start_session(&mut client, SessionReason::NewSession, None)
-                .await;
+            started =
+                Box::pin(self.start_session(&mut client, SessionReason::NewSession, None)).await;
         }
         // KILL_CLIENT / KILL end the session wherever it is, even waiting
         // for a server connection; what it held is then in an unknown state.
@@ -204,20 +203,20 @@ impl Session {
                 && link.out_buf.is_empty()
                 && link.to_server.is_empty();
             match (clean, self.mode) {
-                (true, PoolMode::Session) => self.pool.reset_and_checkin(checkout).await,
+                (true, PoolMode::Session) => Box::pin(self.pool.reset_and_checkin(checkout)).await,
                 (true, PoolMode::Transaction) => self.pool.checkin(checkout),
                 (false, _) => self.pool.discard(checkout),
             }
         }
         match &end {
             End::ClientLeft => {}
-            End::Error(e) => close_with_error(&mut client, e).await,
+            End::Error(e) => Box::pin(close_with_error(&mut client, e)).await,
             End::Shutdown => {
                 let e = PgError::fatal(
                     sqlstate::ADMIN_SHUTDOWN,
                     "terminating connection because usher is shutting down",
                 );
-                close_with_error(&mut client, &e).await;
+                Box::pin(close_with_error(&mut client, &e)).await;
             }
         }
         if self.app.hooks.handles(Event::SessionEnd) {
@@ -226,7 +225,7 @@ impl Session {
                 vars: &self.vars,
                 duration: self.started.elapsed(),
             };
-            self.app.hooks.session_end(&ctx).await;
+            Box::pin(self.app.hooks.session_end(&ctx)).await;
         }
         if self.app.config().log.disconnections {
             let (reason, error) = match &end {
@@ -328,7 +327,10 @@ impl Session {
             {
                 // The client's DISCARD ALL completed: its session begins anew.
                 link.discarded = false;
-                if let Err(e) = self.restart_session(client, link).await {
+                // Boxed, like every rare step here: the serve future is
+                // what an idle client costs, and it is as large as its
+                // largest step.
+                if let Err(e) = Box::pin(self.restart_session(client, link)).await {
                     return End::Error(e);
                 }
             }

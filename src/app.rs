@@ -417,15 +417,15 @@ impl App {
     }
 
     /// The auth monitor's lockout, asked before the password is checked:
-    /// the error for a client whose user or address is locked out. Never
-    /// for the admin console (the hook switch must stay reachable), nor
-    /// while hooks are off.
-    pub fn lockout_check(&self, user: &str, database: &str, addr: IpAddr) -> Option<PgError> {
+    /// the error for a client whose user or address is locked out, whatever
+    /// the database. The admin console is no exception: a password tried
+    /// there is a guess like any other. The way back in for a locked-out
+    /// operator is the hook switch (`hooks.enabled: false` and a reload,
+    /// or the start-up flag), since the lockout never applies while hooks
+    /// are off.
+    pub fn lockout_check(&self, user: &str, addr: IpAddr) -> Option<PgError> {
         let monitor = self.builtins.auth_monitor.as_ref()?;
-        if !monitor.lockout_enabled()
-            || !self.hooks.enabled()
-            || crate::admin::is_admin_database(database)
-        {
+        if !monitor.lockout_enabled() || !self.hooks.enabled() {
             return None;
         }
         let refusal = monitor.lockout_check(user, addr)?;

@@ -335,8 +335,9 @@ async fn lockout_engages_before_the_password_and_expires() {
     tokio::time::sleep(Duration::from_millis(2100)).await;
     usher.alice().await;
 
-    // By address: unknown names from 127.0.0.1 lock the address for everyone
-    // but the console, where RESET AUTH_MON <address> lifts it.
+    // By address: unknown names from 127.0.0.1 lock the address for everyone,
+    // the console included; the hook switch (hooks.enabled in the file, then
+    // a reload) lets the operator in to lift it with RESET AUTH_MON <address>.
     let usher = Usher::start(
         pg,
         "auth_monitor: { lockout: { max_failures: 2, window_s: 60, duration_s: 600, by_role: false } }\n",
@@ -353,10 +354,47 @@ async fn lockout_engages_before_the_password_and_expires() {
             "too many failed login attempts from host \"127.0.0.1\""
         )
     );
+    let (code, _) = refused(&usher, &usher.conn_str_db("admin", "admin-pw", "usher")).await;
+    assert_eq!(code, "28000", "the console is locked out too");
+    let yaml = std::fs::read_to_string(&usher.config_path).unwrap();
+    usher.rewrite_config(&yaml.replace("hooks:\n", "hooks:\n  enabled: false\n"));
+    usher.app.reload().unwrap();
     let addrs = console(&usher, "SHOW AUTH_MON_ADDRS").await;
     assert!(get(row(&addrs, "addr", "127.0.0.1"), "locked_until").is_some());
     console(&usher, "RESET AUTH_MON 127.0.0.1").await;
+    console(&usher, "ENABLE HOOKS").await;
     usher.connect_as("bob", BOB_PASSWORD).await.unwrap();
+}
+
+/// The console database is no way around the lockout: guesses there count,
+/// a locked user is refused there before the password is looked at, and a
+/// non-admin learns no more from it than from any other database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_database_is_no_way_around_the_lockout() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(
+        pg,
+        "auth_monitor: { lockout: { max_failures: 3, window_s: 60, duration_s: 600, by_address: false } }\n",
+    )
+    .await;
+    for db in ["usher", "pgbouncer", "usher"] {
+        let (code, _) = refused(&usher, &usher.conn_str_db("alice", "guess", db)).await;
+        assert_eq!(code, "28P01", "a wrong password through {db}");
+    }
+    for db in ["usher", "pgbouncer", "app"] {
+        let (code, message) =
+            refused(&usher, &usher.conn_str_db("alice", ALICE_PASSWORD, db)).await;
+        assert_eq!(
+            (code.as_str(), message.as_str()),
+            ("28000", "too many failed login attempts for user \"alice\""),
+            "the right password through {db} while locked"
+        );
+    }
+    // The lock was not lifted by any of those tries.
+    let rows = console(&usher, "SHOW AUTH_MON").await;
+    let alice = row(&rows, "rolname", "alice");
+    assert!(get(alice, "locked_until").is_some(), "{alice:?}");
+    assert_eq!(get(alice, "other_auth_failures"), Some("3"), "{alice:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -218,7 +218,7 @@ async fn login(
     }
     // The lockout is decided before anything about the password: a locked
     // user's right password is refused too, and the lookup is not even run.
-    if let Some(e) = app.lockout_check(&user, &database, addr.ip()) {
+    if let Some(e) = app.lockout_check(&user, addr.ip()) {
         return refuse(app, progress, AuthOutcome::Locked, e).await;
     }
     let lookup = match configured.credentials.lookup(&database, &user).await {

@@ -308,8 +308,12 @@ impl Usher {
     }
 
     pub fn conn_str(&self, user: &str, password: &str) -> String {
+        self.conn_str_db(user, password, "app")
+    }
+
+    pub fn conn_str_db(&self, user: &str, password: &str, database: &str) -> String {
         format!(
-            "host=127.0.0.1 port={} user={user} password={password} dbname=app",
+            "host=127.0.0.1 port={} user={user} password={password} dbname={database}",
             self.addr.port()
         )
     }

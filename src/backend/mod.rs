@@ -31,6 +31,14 @@ use tokio::net::TcpStream;
 
 static NEXT_SERVER_ID: AtomicU64 = AtomicU64::new(1);
 
+/// One session setting to apply to a server connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Setting {
+    pub name: String,
+    /// `None`: back to the server default (RESET).
+    pub value: Option<String>,
+}
+
 /// Where to send a cancel request for whatever a server connection runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CancelTarget {
@@ -139,12 +147,87 @@ impl ServerConn {
         frontend::query(sql, &mut out)
             .map_err(|e| PgError::error(sqlstate::INTERNAL_ERROR, e.to_string()))?;
         self.stream.write_all(&out).await.map_err(lost)?;
+        self.read_until_ready(1).await
+    }
+
+    /// Applies session settings, then runs `then_sql` (usher's own
+    /// statements, or nothing), in one round trip.
+    ///
+    /// Settings go through `set_config()` with the names and values bound
+    /// as parameters, so no value is ever read as SQL, whatever this
+    /// connection's `standard_conforming_strings` or encoding, and a value
+    /// means what it means in a startup packet (`a,b` is a list for
+    /// `search_path`). A `None` value restores the server default (RESET).
+    /// The first server error is returned once the server is ready again.
+    pub async fn apply_settings(
+        &mut self,
+        settings: &[Setting],
+        then_sql: &str,
+    ) -> Result<(), PgError> {
+        let internal =
+            |e: &dyn std::fmt::Display| PgError::error(sqlstate::INTERNAL_ERROR, e.to_string());
+        let mut out = BytesMut::new();
+        let mut replies = 0;
+        if !settings.is_empty() {
+            let calls: Vec<String> = (0..settings.len())
+                .map(|i| {
+                    format!(
+                        "pg_catalog.set_config(${}, ${}, false)",
+                        2 * i + 1,
+                        2 * i + 2
+                    )
+                })
+                .collect();
+            let sql = format!("SELECT {}", calls.join(", "));
+            frontend::parse("", &sql, std::iter::empty(), &mut out).map_err(|e| internal(&e))?;
+            let values = settings
+                .iter()
+                .flat_map(|s| [Some(s.name.as_str()), s.value.as_deref()]);
+            frontend::bind(
+                "",
+                "",
+                [0i16], // every parameter in text
+                values,
+                |v, buf| match v {
+                    Some(v) => {
+                        buf.extend_from_slice(v.as_bytes());
+                        Ok(postgres_protocol::IsNull::No)
+                    }
+                    None => Ok(postgres_protocol::IsNull::Yes),
+                },
+                [0i16],
+                &mut out,
+            )
+            .map_err(|e| match e {
+                frontend::BindError::Conversion(e) => internal(&e),
+                frontend::BindError::Serialization(e) => internal(&e),
+            })?;
+            frontend::execute("", 0, &mut out).map_err(|e| internal(&e))?;
+            frontend::sync(&mut out);
+            replies += 1;
+        }
+        if !then_sql.is_empty() {
+            frontend::query(then_sql, &mut out).map_err(|e| internal(&e))?;
+            replies += 1;
+        }
+        if replies == 0 {
+            return Ok(());
+        }
+        self.stream.write_all(&out).await.map_err(lost)?;
+        self.read_until_ready(replies).await
+    }
+
+    /// Reads the answers to `replies` requests (each ends at a
+    /// ReadyForQuery), noting ParameterStatus; the first error is returned.
+    async fn read_until_ready(&mut self, mut replies: usize) -> Result<(), PgError> {
         let mut buf = BytesMut::with_capacity(1024);
         let mut failure = None;
-        loop {
+        while replies > 0 {
             match self.read_message(&mut buf).await? {
-                Message::ReadyForQuery(_) => break,
-                Message::ErrorResponse(body) => failure = Some(error_from_fields(body.fields())),
+                Message::ReadyForQuery(_) => replies -= 1,
+                Message::ErrorResponse(body) => {
+                    failure.get_or_insert_with(|| error_from_fields(body.fields()));
+                }
                 Message::ParameterStatus(body) => {
                     if let (Ok(name), Ok(value)) = (body.name(), body.value()) {
                         self.params.insert(name.to_string(), value.to_string());

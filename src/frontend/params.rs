@@ -2,7 +2,7 @@
 //! SETs the server reported back), so that every server connection the
 //! session uses is brought in line with it before it runs anything.
 
-use crate::backend::ServerConn;
+use crate::backend::{ServerConn, Setting};
 use crate::protocol::PgError;
 use std::collections::HashMap;
 
@@ -111,42 +111,38 @@ impl SessionParams {
         out
     }
 
-    /// The SQL that makes `conn` match this session, or `None` if it already
-    /// does. `defaults` are the pool's server defaults (the reported
-    /// parameters): another session's value for a parameter this session
-    /// does not set is RESET.
-    pub fn sync_sql(
+    /// The settings that make `conn` match this session (empty if it
+    /// already does). `defaults` are the pool's server defaults (the
+    /// reported parameters): another session's value for a parameter this
+    /// session does not set goes back to the default.
+    pub fn sync_settings(
         &self,
         conn: &ServerConn,
         defaults: &HashMap<String, String>,
-    ) -> Option<String> {
-        let mut sql = String::new();
-        let mut names: Vec<&String> = self.wanted.keys().collect();
-        names.sort();
-        for name in names {
-            let value = &self.wanted[name];
-            if conn.params.get(name) != Some(value) {
-                sql.push_str(&format!(
-                    "SET {} TO {};",
-                    quote_ident(name),
-                    quote_literal(value)
-                ));
-            }
-        }
-        let mut stale: Vec<&String> = conn
-            .params
+    ) -> Vec<Setting> {
+        let mut settings: Vec<Setting> = self
+            .wanted
             .iter()
-            .filter(|(k, v)| !self.wanted.contains_key(*k) && defaults.get(*k) != Some(*v))
-            .map(|(k, _)| k)
+            .filter(|(name, value)| conn.params.get(*name) != Some(*value))
+            .map(|(name, value)| Setting {
+                name: name.clone(),
+                value: Some(value.clone()),
+            })
             .collect();
-        stale.sort();
-        for name in stale {
-            sql.push_str(&format!("RESET {};", quote_ident(name)));
-        }
-        (!sql.is_empty()).then_some(sql)
+        settings.extend(
+            conn.params
+                .iter()
+                .filter(|(k, v)| !self.wanted.contains_key(*k) && defaults.get(*k) != Some(*v))
+                .map(|(name, _)| Setting {
+                    name: name.clone(),
+                    value: None,
+                }),
+        );
+        settings.sort_by(|a, b| a.name.cmp(&b.name));
+        settings
     }
 
-    /// Records that the sync SQL succeeded on `conn`. Reported parameters take
+    /// Records that the sync succeeded on `conn`. Reported parameters take
     /// the server's spelling (`ISO, MDY` for `ISO`), so later comparisons
     /// match; those that changed are returned, to be told to the client.
     pub fn after_sync(
@@ -216,14 +212,6 @@ fn parse_options(options: &str) -> Result<Vec<(String, String)>, PgError> {
     Ok(out)
 }
 
-fn quote_ident(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
-}
-
-fn quote_literal(value: &str) -> String {
-    format!("'{}'", value.replace('\'', "''"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -278,11 +266,5 @@ mod tests {
         assert_eq!(p.get("search_path"), Some("a"));
         assert_eq!(p.get("application_name"), Some("app"));
         assert_eq!(p.get("work_mem"), None);
-    }
-
-    #[test]
-    fn quoting() {
-        assert_eq!(quote_literal("it's"), "'it''s'");
-        assert_eq!(quote_ident("a\"b"), "\"a\"\"b\"");
     }
 }

@@ -412,13 +412,18 @@ impl Session {
         checkout: &mut Checkout,
         exec: Vec<String>,
     ) -> Result<(), PgError> {
-        if let Some(sql) = self.params.sync_sql(&checkout.conn, &self.defaults) {
-            checkout.conn.simple_query(&sql).await.map_err(|e| {
-                PgError::fatal(
-                    &e.code,
-                    format!("could not apply session parameters: {}", e.message),
-                )
-            })?;
+        let settings = self.params.sync_settings(&checkout.conn, &self.defaults);
+        if !settings.is_empty() {
+            checkout
+                .conn
+                .apply_settings(&settings, "")
+                .await
+                .map_err(|e| {
+                    PgError::fatal(
+                        &e.code,
+                        format!("could not apply session parameters: {}", e.message),
+                    )
+                })?;
             let changed = self.params.after_sync(&mut checkout.conn, &self.defaults);
             report_parameters(client, changed).await?;
         }
@@ -719,16 +724,16 @@ impl Session {
             }
         }
         let conn = &mut checkout.conn;
-        let param_sql = self.params.sync_sql(conn, &self.defaults);
-        let mut sql = param_sql.clone().unwrap_or_default();
+        let settings = self.params.sync_settings(conn, &self.defaults);
+        let mut sql = String::new();
         let bound = self.pool.settings().prepared_statements;
         while conn.prepared.len() > bound {
             if let Some((id, ())) = conn.prepared.pop_lru() {
                 sql.push_str(&format!("DEALLOCATE {};", prepared::server_name(id)));
             }
         }
-        if !sql.is_empty() {
-            if let Err(e) = conn.simple_query(&sql).await {
+        if !settings.is_empty() || !sql.is_empty() {
+            if let Err(e) = conn.apply_settings(&settings, &sql).await {
                 self.pool.discard(checkout);
                 return Err(PgError::fatal(
                     &e.code,
@@ -736,7 +741,7 @@ impl Session {
                 ));
             }
         }
-        if param_sql.is_some() {
+        if !settings.is_empty() {
             let changed = self.params.after_sync(conn, &self.defaults);
             report_parameters(client, changed).await?;
         }

@@ -108,6 +108,9 @@ struct Flow {
     unsynced: bool,
     /// Transaction status of the last ReadyForQuery ('I', 'T' or 'E').
     status: u8,
+    /// The server asked for COPY data (CopyInResponse) and waits for the
+    /// client's CopyDone or CopyFail.
+    copy_in: bool,
 }
 
 impl Flow {
@@ -116,12 +119,19 @@ impl Flow {
             pending: 0,
             unsynced: false,
             status: b'I',
+            copy_in: false,
         }
     }
 
     /// Nothing is in flight: the server owes the client nothing.
     fn quiet(&self) -> bool {
         self.pending == 0 && !self.unsynced
+    }
+
+    /// The server waits for the client (it owes no answer, or it waits for
+    /// COPY data): a held server connection is then the client's doing.
+    fn waiting_for_client(&self) -> bool {
+        self.pending == 0 || self.copy_in
     }
 }
 
@@ -257,20 +267,27 @@ impl Session {
             if link.held.is_none() && link.in_buf.is_empty() && link.in_buf.capacity() > 0 {
                 link.in_buf = BytesMut::new(); // an idle client keeps no buffer
             }
-            // The client's turn to speak, with nothing half-sent: its idle
-            // timeouts run (each loop turn is activity, so they restart).
-            // (The timeouts are read each turn: a reload may change them.)
-            let waiting_on_client = link.held.is_none() || between_messages;
-            let idle_limit = match (waiting_on_client, link.flow.status) {
-                (false, _) => None,
-                (true, b'I') => pool
-                    .settings()
+            // The client's turn to speak: its idle timeouts run (each loop
+            // turn is activity, so they restart; they are read each turn,
+            // as a reload may change them). A client idle between
+            // transactions (no server connection, or session mode at a
+            // clean 'I') gets client_idle_timeout; one that holds a server
+            // connection the server is not working for (inside a
+            // transaction, after a lone Flush, in the middle of a message,
+            // with an unsynced pipeline, in COPY IN) gets
+            // idle_transaction_timeout, so it cannot keep a server forever.
+            let idle_limit = if link.held.is_none()
+                || (between_messages && link.flow.status == b'I' && self.mode == PoolMode::Session)
+            {
+                pool.settings()
                     .client_idle_timeout
-                    .map(|t| (t, idle_session_timeout as fn() -> PgError)),
-                (true, _) => pool
-                    .settings()
+                    .map(|t| (t, idle_session_timeout as fn() -> PgError))
+            } else if link.flow.waiting_for_client() || !link.in_walker.at_boundary() {
+                pool.settings()
                     .idle_transaction_timeout
-                    .map(|t| (t, idle_in_transaction_timeout as fn() -> PgError)),
+                    .map(|t| (t, idle_in_transaction_timeout as fn() -> PgError))
+            } else {
+                None
             };
             let in_buf = &mut link.in_buf;
             let out_buf = &mut link.out_buf;
@@ -475,7 +492,11 @@ impl Session {
                             plan.sync_sent();
                             Visit::Forward
                         }
-                        b'H' | b'd' | b'c' | b'f' => Visit::Forward,
+                        b'c' | b'f' => {
+                            flow.copy_in = false;
+                            Visit::Forward
+                        }
+                        b'H' | b'd' => Visit::Forward,
                         b'P' | b'B' | b'D' | b'C'
                             if rewriting && prepared::needs_rewrite(tag, body) =>
                         {
@@ -577,7 +598,12 @@ impl Session {
                             || (tag == b'E' && len <= ERROR_BODY_LIMIT)
                     },
                     |tag, body| match tag {
+                        b'G' => {
+                            flow.copy_in = true;
+                            Visit::Forward
+                        }
                         b'Z' => {
+                            flow.copy_in = false;
                             flow.pending = flow.pending.saturating_sub(1);
                             flow.status = body.first().copied().unwrap_or(b'I');
                             if rewriting {

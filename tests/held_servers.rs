@@ -1,0 +1,92 @@
+//! A server connection is a pool's scarcest thing: a client may not keep
+//! one without a request in flight (idle_transaction_timeout covers every
+//! such state), and one that leaves mid-query has its query cancelled, so
+//! pool_size bounds PostgreSQL backends.
+
+mod common;
+
+use common::console::{console, get, row};
+use common::wire::{message, read_error, read_message, startup_packet};
+use common::{PgCluster, Usher};
+use std::time::{Duration, Instant};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+/// A raw client, logged in (trust), at its first ReadyForQuery.
+async fn logged_in(usher: &Usher) -> TcpStream {
+    let mut s = TcpStream::connect(usher.addr).await.unwrap();
+    s.write_all(&startup_packet(&[("user", "alice"), ("database", "app")]))
+        .await
+        .unwrap();
+    loop {
+        let (tag, body) = read_message(&mut s).await;
+        assert_ne!(
+            tag,
+            b'E',
+            "login failed: {}",
+            String::from_utf8_lossy(&body)
+        );
+        if tag == b'Z' {
+            return s;
+        }
+    }
+}
+
+/// Waits until the pool of alice/app lends `n` server connections.
+async fn wait_for_lent(usher: &Usher, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let pools = console(usher, "SHOW POOLS").await;
+        let lent = get(row(&pools, "user", "alice"), "sv_active").unwrap_or("0");
+        if lent == n.to_string() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "sv_active stayed {lent}, not {n}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Every way of holding a server connection without a complete request in
+/// flight ends with 25P03 after idle_transaction_timeout, and the server
+/// connection goes to the next client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_holding_a_server_without_a_request_is_timed_out() {
+    let pg = PgCluster::shared();
+    pg.psql_super_db(
+        "app",
+        "CREATE TABLE IF NOT EXISTS held_copy (x int); GRANT ALL ON held_copy TO alice",
+    );
+    let usher = Usher::start(
+        pg,
+        "auth:\n  method: trust\npool_mode: transaction\npool_size: 1\n\
+         idle_transaction_timeout: 0.5\nquery_wait_timeout: 5\n",
+    )
+    .await;
+    let query = message(b'Q', b"SELECT 1\0");
+    let stunts: [(&str, Vec<u8>); 4] = [
+        ("a lone Flush", message(b'H', b"")),
+        ("half a message", query[..8].to_vec()),
+        ("a Parse without Sync", message(b'P', b"\0SELECT 1\0\0\0")),
+        (
+            "COPY FROM STDIN without data",
+            message(b'Q', b"COPY held_copy FROM STDIN\0"),
+        ),
+    ];
+    for (what, bytes) in stunts {
+        let mut holder = logged_in(&usher).await;
+        holder.write_all(&bytes).await.unwrap();
+        wait_for_lent(&usher, 1).await;
+        // The next client gets the server once the holder is cut off
+        // (before: it waited query_wait_timeout and got 53300).
+        let bystander = usher.alice().await;
+        bystander
+            .simple_query("SELECT 1")
+            .await
+            .unwrap_or_else(|e| panic!("{what}: the bystander got {e:?}"));
+        let e = read_error(&mut holder).await;
+        assert_eq!(e[&'C'], "25P03", "{what}: {e:?}");
+    }
+}

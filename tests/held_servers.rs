@@ -90,3 +90,59 @@ async fn a_client_holding_a_server_without_a_request_is_timed_out() {
         assert_eq!(e[&'C'], "25P03", "{what}: {e:?}");
     }
 }
+
+/// Backends of alice in `app` running the marked sleep, and all of alice's.
+fn backends(pg: &PgCluster) -> (usize, usize) {
+    let out = pg.psql_super(
+        "SELECT count(*) FILTER (WHERE query LIKE '%held_servers_sleep%' AND state = 'active'), \
+         count(*) FROM pg_stat_activity WHERE usename = 'alice' AND datname = 'app'",
+    );
+    let (sleeping, all) = out.split_once('|').unwrap();
+    (sleeping.parse().unwrap(), all.parse().unwrap())
+}
+
+/// Clients that send a long query and disconnect do not leave it running:
+/// pool_size bounds alice's backends, and the server connections come back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_leaving_mid_query_has_its_query_cancelled() {
+    let pg = PgCluster::shared();
+    for mode in ["transaction", "session"] {
+        let usher = Usher::start(
+            pg,
+            &format!("auth:\n  method: trust\npool_mode: {mode}\npool_size: 2\n"),
+        )
+        .await;
+        for round in 0..6 {
+            let mut quitter = logged_in(&usher).await;
+            quitter
+                .write_all(&message(
+                    b'Q',
+                    b"SELECT pg_sleep(60) /* held_servers_sleep */\0",
+                ))
+                .await
+                .unwrap();
+            // The query runs on the server, then its client is gone.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while backends(pg).0 == 0 {
+                assert!(Instant::now() < deadline, "{mode}: the sleep never started");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            drop(quitter);
+            let (sleeping, all) = backends(pg);
+            assert!(
+                all <= 2,
+                "{mode}, round {round}: {all} backends of alice ({sleeping} still sleeping) through a pool of 2"
+            );
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while backends(pg).0 > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "{mode}: abandoned queries still run"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let bystander = usher.alice().await;
+        bystander.simple_query("SELECT 1").await.unwrap();
+    }
+}

@@ -12,6 +12,7 @@
 //! prepared statement (Parse, Bind, Describe, Close) are read whole and
 //! rewritten by [`super::prepared`]; everything else still streams through.
 
+use super::abandon::{self, Abandoned};
 use super::close_with_error;
 use super::params::SessionParams;
 use super::prepared::{self, Answer, ClientStatements, ResponsePlan, Rewriter};
@@ -215,7 +216,24 @@ impl Session {
             match (clean, self.mode) {
                 (true, PoolMode::Session) => Box::pin(self.pool.reset_and_checkin(checkout)).await,
                 (true, PoolMode::Transaction) => self.pool.checkin(checkout),
-                (false, _) => self.pool.discard(checkout),
+                (false, mode) => {
+                    // The server may still be working for the client: the
+                    // connection keeps its pool permit until it is idle
+                    // again or its backend is gone.
+                    let left = Abandoned {
+                        checkout,
+                        out_buf: std::mem::take(&mut link.out_buf),
+                        out_walker: std::mem::replace(&mut link.out_walker, FrameWalker::new(0)),
+                        pending: link.flow.pending,
+                        unsynced: link.flow.unsynced,
+                        copy_in: link.flow.copy_in,
+                        status: link.flow.status,
+                        whole_messages: link.in_walker.at_boundary() && link.to_server.is_empty(),
+                        interrupted,
+                        plan: self.rewriting.then(|| std::mem::take(&mut link.plan)),
+                    };
+                    tokio::spawn(abandon::recover(self.pool.clone(), mode, left));
+                }
             }
         }
         match &end {

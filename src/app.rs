@@ -57,6 +57,8 @@ pub struct App {
     pub statements: StatementRegistry,
     /// Salts the fake SCRAM exchange for unknown users.
     pub mock_key: [u8; 32],
+    /// Read-buffer memory charged by all clients (`max_buffered_total`).
+    pub buffers: crate::frontend::budget::BufferBudget,
     /// One permit per client in the startup phase (`max_auth_clients`).
     pub login_slots: Arc<Semaphore>,
     /// The hooks of every event and the global switch.
@@ -176,6 +178,7 @@ impl App {
             lua_services,
             builtins,
             lua_hooks: LuaHooks::default(),
+            buffers: Default::default(),
             login_slots: Arc::new(Semaphore::new(config.max_auth_clients)),
             configured: ArcSwap::from_pointee(configured),
             started: std::time::Instant::now(),

@@ -397,6 +397,16 @@ pub(super) fn show_config(app: &App) -> Reply {
             "268435456",
         ),
         (
+            "max_buffered_message",
+            c.max_buffered_message.to_string(),
+            "16777216",
+        ),
+        (
+            "max_buffered_total",
+            c.max_buffered_total.to_string(),
+            "536870912",
+        ),
+        (
             "prepared_statements",
             c.prepared_statements.to_string(),
             "200",

@@ -129,6 +129,16 @@ pub struct Config {
     /// Largest protocol message accepted from a client, in bytes.
     #[serde(default = "defaults::max_message_size")]
     pub max_message_size: usize,
+    /// Largest client message usher holds whole (in transaction mode with
+    /// prepared_statements: a named Parse, Describe, Close); larger ones
+    /// end the session with 54000. Other messages stream through.
+    #[serde(default = "defaults::max_buffered_message")]
+    pub max_buffered_message: usize,
+    /// Bytes all clients together may make usher hold in read buffers
+    /// beyond their first 64 KiB each; a client that would pass it ends
+    /// with 53200.
+    #[serde(default = "defaults::max_buffered_total")]
+    pub max_buffered_total: usize,
     /// Client-facing TLS; off when the section is absent.
     #[serde(default)]
     pub tls: TlsConfig,
@@ -402,6 +412,12 @@ mod defaults {
     pub fn max_message_size() -> usize {
         256 * 1024 * 1024
     }
+    pub fn max_buffered_message() -> usize {
+        16 * 1024 * 1024
+    }
+    pub fn max_buffered_total() -> usize {
+        512 * 1024 * 1024
+    }
     pub fn auth_method() -> AuthMethod {
         AuthMethod::ScramSha256
     }
@@ -530,6 +546,15 @@ impl Config {
         }
         if self.max_message_size < 1024 {
             return Err(err("max_message_size", "expected at least 1024 bytes"));
+        }
+        if self.max_buffered_message < 1024 {
+            return Err(err("max_buffered_message", "expected at least 1024 bytes"));
+        }
+        if self.max_buffered_total < self.max_buffered_message {
+            return Err(err(
+                "max_buffered_total",
+                "expected at least max_buffered_message",
+            ));
         }
         for (name, db) in &self.databases {
             if db.pool_size == Some(0) {

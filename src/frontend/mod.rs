@@ -6,10 +6,12 @@
 //! - [`params`]: the session's parameters, carried to every server connection.
 //! - [`registry`]: connected clients by BackendKeyData, for cancel requests.
 //! - [`stream`]: the client's connection, plain or TLS.
+//! - [`budget`]: the memory all clients' read buffers may hold together.
 //! - [`abandon`]: a server connection its client left busy: cancelled,
 //!   drained and reused, or closed once its backend is gone.
 
 mod abandon;
+pub mod budget;
 pub mod login;
 pub mod params;
 pub mod prepared;

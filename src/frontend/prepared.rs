@@ -187,6 +187,15 @@ pub fn needs_rewrite(tag: u8, body: &[u8]) -> bool {
     }
 }
 
+/// The portal and statement names at the start of a Bind body, and how
+/// many bytes they take; `None` until both are in (or if they are not
+/// UTF-8, in which case the Bind streams through unchanged).
+pub fn bind_names(head: &[u8]) -> Option<(&str, &str, usize)> {
+    let (portal, rest) = split_cstr(head).ok()?;
+    let (name, _) = split_cstr(rest).ok()?;
+    Some((portal, name, portal.len() + name.len() + 2))
+}
+
 /// Everything one rewrite needs.
 pub struct Rewriter<'a> {
     pub registry: &'a StatementRegistry,
@@ -221,12 +230,8 @@ impl Rewriter<'_> {
             b'B' => {
                 let (portal, rest) = split_cstr(body)?;
                 let (name, params) = split_cstr(rest)?;
-                let name = self.prepare_if_needed(name, out);
-                let start = begin(out, b'B');
-                put_cstr(out, portal);
-                put_cstr(out, &name);
+                self.rewrite_bind_head(portal, name, params.len(), out);
                 out.put_slice(params);
-                finish(out, start);
             }
             b'D' => {
                 let (name, _) = split_cstr(&body[1..])?;
@@ -249,6 +254,19 @@ impl Rewriter<'_> {
             _ => unreachable!("needs_rewrite admits only P, B, D and C"),
         }
         Ok(())
+    }
+
+    /// Writes the start of a Bind of the client's statement `name`: a
+    /// Parse first if this server connection lacks it, then the Bind's
+    /// header (its length counting the `rest` bytes of parameters that
+    /// follow unchanged), the portal and the server-side name. The
+    /// parameters need not be held: they stream after it.
+    pub fn rewrite_bind_head(&mut self, portal: &str, name: &str, rest: usize, out: &mut BytesMut) {
+        let name = self.prepare_if_needed(name, out);
+        out.put_u8(b'B');
+        out.put_u32((4 + portal.len() + 1 + name.len() + 1 + rest) as u32);
+        put_cstr(out, portal);
+        put_cstr(out, &name);
     }
 
     /// The server-side name for the client's statement `name`, preparing it

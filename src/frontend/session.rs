@@ -13,6 +13,7 @@
 //! rewritten by [`super::prepared`]; everything else still streams through.
 
 use super::abandon::{self, Abandoned};
+use super::budget;
 use super::close_with_error;
 use super::params::SessionParams;
 use super::prepared::{self, Answer, ClientStatements, ResponsePlan, Rewriter};
@@ -65,6 +66,8 @@ pub struct Session {
     /// Transaction mode with protocol-level prepared statements on.
     rewriting: bool,
     statements: ClientStatements,
+    /// Bytes of this client's read buffer charged to `App::buffers`.
+    charged: usize,
 }
 
 /// Why the serve loop ended.
@@ -168,12 +171,15 @@ impl Session {
             sent: 0,
             rewriting,
             statements: ClientStatements::default(),
+            charged: 0,
         }
     }
 
     /// Serves the client until it leaves, an error ends it, or shutdown.
     pub async fn serve(mut self, mut client: ClientStream) {
-        let max_message = self.app.config().max_message_size;
+        let config = self.app.config();
+        let (max_message, max_buffered) = (config.max_message_size, config.max_buffered_message);
+        drop(config);
         let mut link = Link {
             held: None,
             lent_at: Instant::now(),
@@ -183,8 +189,9 @@ impl Session {
             in_buf: BytesMut::new(),
             out_buf: BytesMut::new(),
             to_server: BytesMut::new(),
-            // Rewritten messages are read whole, so they may be as large as any.
-            in_walker: FrameWalker::new(max_message).inspect_up_to(max_message),
+            // Messages read whole (named Parse, Describe, Close) are bounded
+            // by max_buffered_message; all others stream.
+            in_walker: FrameWalker::new(max_message).inspect_up_to(max_buffered),
             out_walker: FrameWalker::new(usize::MAX >> 1),
         };
         // Transaction mode: the session begins now, with no server
@@ -206,6 +213,7 @@ impl Session {
             },
         };
         self.handle.set_server(None);
+        self.app.buffers.recharge(&mut self.charged, 0, 0);
         if let Some(checkout) = link.held.take() {
             self.pool.stats.client_active(-1);
             let clean = !interrupted
@@ -282,8 +290,14 @@ impl Session {
             if idle && *shutdown.borrow() {
                 return End::Shutdown;
             }
-            if link.held.is_none() && link.in_buf.is_empty() && link.in_buf.capacity() > 0 {
-                link.in_buf = BytesMut::new(); // an idle client keeps no buffer
+            if link.in_buf.is_empty()
+                && (link.held.is_none() && link.in_buf.capacity() > 0
+                    || link.in_buf.capacity() > budget::FREE_BYTES)
+            {
+                // An idle client keeps no buffer, and nobody keeps a large
+                // one once the message that needed it is gone.
+                link.in_buf = BytesMut::new();
+                self.app.buffers.recharge(&mut self.charged, 0, 0);
             }
             // The client's turn to speak: its idle timeouts run (each loop
             // turn is activity, so they restart; they are read each turn,
@@ -332,6 +346,13 @@ impl Session {
                     client.read_buf(in_buf).await
                 }, if read_client => match read {
                     Ok(0) | Err(_) => return End::ClientLeft,
+                    Ok(_) if link.in_buf.capacity() > budget::FREE_BYTES => {
+                        let limit = self.app.config().max_buffered_total;
+                        if !self.app.buffers.recharge(&mut self.charged, link.in_buf.capacity(), limit) {
+                            return End::Error(out_of_buffers(limit));
+                        }
+                        Wake::ClientData
+                    }
                     Ok(_) => Wake::ClientData,
                 },
                 io = async {
@@ -495,9 +516,19 @@ impl Session {
             let plan = &mut link.plan;
             let walked = link
                 .in_walker
-                .walk(
+                .walk_peeking(
                     &link.in_buf,
-                    |tag, _| rewriting && matches!(tag, b'P' | b'B' | b'D' | b'C'),
+                    // Held whole: named Parses (their text is the shared
+                    // statement's key), Describe and Close (small). A Bind
+                    // is never held: its names are read from its head and
+                    // its parameters stream.
+                    |tag, _, head| match tag {
+                        _ if !rewriting => Some(false),
+                        b'P' => head.first().map(|b| *b != 0),
+                        b'B' => prepared::bind_names(head).map(|_| false),
+                        b'D' | b'C' => Some(true),
+                        _ => Some(false),
+                    },
                     |tag, body| match tag {
                         b'X' => {
                             stopped_at = Some(tag);
@@ -556,24 +587,40 @@ impl Session {
                 None => return Ok(()),
                 Some(b'X') => return Err(End::ClientLeft),
                 Some(tag) => {
-                    // The message is whole at the front of the buffer.
                     let len = u32::from_be_bytes(link.in_buf[1..5].try_into().unwrap()) as usize;
-                    let message = link.in_buf.split_to(1 + len);
-                    let mut out = BytesMut::with_capacity(message.len() + 64);
                     let checkout = link.held.as_mut().expect("a server connection is held");
-                    Rewriter {
+                    let mut rewriter = Rewriter {
                         registry: &self.app.statements,
                         statements: &mut self.statements,
                         server: &mut checkout.conn,
                         plan: &mut link.plan,
-                    }
-                    .rewrite(tag, &message[5..], &mut out)
-                    .map_err(End::Error)?;
+                    };
+                    let taken = if tag == b'B' {
+                        // Only the Bind's head is in: rewrite it, and let
+                        // the parameters stream after it.
+                        let (portal, name, head) = prepared::bind_names(&link.in_buf[5..])
+                            .map(|(p, n, h)| (p.to_string(), n.to_string(), h))
+                            .expect("the visitor saw the Bind's names");
+                        let mut out = BytesMut::with_capacity(64);
+                        rewriter.rewrite_bind_head(&portal, &name, len - 4 - head, &mut out);
+                        let _ = link.in_buf.split_to(5 + head);
+                        link.in_walker.stream_rest_of_body(len - 4 - head);
+                        queue_for_server(&mut link.to_server, out);
+                        5 + head
+                    } else {
+                        // The message is whole at the front of the buffer.
+                        let message = link.in_buf.split_to(1 + len);
+                        let mut out = BytesMut::with_capacity(message.len() + 64);
+                        rewriter
+                            .rewrite(tag, &message[5..], &mut out)
+                            .map_err(End::Error)?;
+                        queue_for_server(&mut link.to_server, out);
+                        message.len()
+                    };
                     self.handle.set_prepared(self.statements.len());
                     link.flow.unsynced = true;
-                    stats.received(message.len() as u64);
-                    self.received += message.len() as u64;
-                    queue_for_server(&mut link.to_server, out);
+                    stats.received(taken as u64);
+                    self.received += taken as u64;
                 }
             }
         }
@@ -900,6 +947,16 @@ fn idle_in_transaction_timeout() -> PgError {
         "terminating connection due to idle-in-transaction timeout",
     )
     .with_detail("the client was idle inside a transaction longer than idle_transaction_timeout")
+}
+
+fn out_of_buffers(limit: usize) -> PgError {
+    PgError::fatal(
+        sqlstate::OUT_OF_MEMORY,
+        "out of memory: usher cannot hold this client's message now",
+    )
+    .with_detail(format!(
+        "clients' large messages already use max_buffered_total ({limit} bytes)"
+    ))
 }
 
 fn killed() -> PgError {

@@ -23,6 +23,8 @@ pub mod sqlstate {
     pub const UNDEFINED_OBJECT: &str = "42704";
     pub const OBJECT_NOT_IN_PREREQUISITE_STATE: &str = "55000";
     pub const INTERNAL_ERROR: &str = "XX000";
+    pub const PROGRAM_LIMIT_EXCEEDED: &str = "54000";
+    pub const OUT_OF_MEMORY: &str = "53200";
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

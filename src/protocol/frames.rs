@@ -71,6 +71,40 @@ impl FrameWalker {
         &mut self,
         buf: &[u8],
         wants_body: impl Fn(u8, usize) -> bool,
+        visit: impl FnMut(u8, &[u8]) -> Visit,
+    ) -> Result<Walked, PgError> {
+        self.walk_inner(buf, |tag, len, _| Some(wants_body(tag, len)), false, visit)
+    }
+
+    /// Like [`FrameWalker::walk`], but `wants_body(tag, len, head)` also
+    /// sees the start of the body that is already in (`head`) and may
+    /// answer `None`: more of it is needed to decide (the walk waits for
+    /// more bytes; once the whole body is in, `None` means yes). A streamed
+    /// message is visited with its head instead of an empty body, so a
+    /// visitor can read the names at the start of a large message without
+    /// holding it whole.
+    pub fn walk_peeking(
+        &mut self,
+        buf: &[u8],
+        wants_body: impl Fn(u8, usize, &[u8]) -> Option<bool>,
+        visit: impl FnMut(u8, &[u8]) -> Visit,
+    ) -> Result<Walked, PgError> {
+        self.walk_inner(buf, wants_body, true, visit)
+    }
+
+    /// The current message's header and the first `consumed` bytes of its
+    /// body were taken by the caller (a visitor stopped before it): the
+    /// remaining `len - consumed` bytes of the body stream through.
+    pub fn stream_rest_of_body(&mut self, remaining: usize) {
+        debug_assert_eq!(self.skip, 0, "only at a message boundary");
+        self.skip = remaining;
+    }
+
+    fn walk_inner(
+        &mut self,
+        buf: &[u8],
+        wants_body: impl Fn(u8, usize, &[u8]) -> Option<bool>,
+        peek: bool,
         mut visit: impl FnMut(u8, &[u8]) -> Visit,
     ) -> Result<Walked, PgError> {
         let mut pos = 0;
@@ -97,14 +131,26 @@ impl FrameWalker {
                 )));
             }
             let total = 1 + len;
-            let step = if wants_body(tag, len - 4) {
-                if len > self.max_inspected {
-                    return Err(PgError::protocol(format!(
-                        "message type '{}' of {len} bytes is too large",
-                        printable(tag)
-                    )));
+            let whole = buf.len() - pos >= total;
+            let head = &buf[pos + 5..(pos + total).min(buf.len())];
+            let wanted = match wants_body(tag, len - 4, head) {
+                Some(w) => w,
+                None if whole => true,
+                None if head.len() >= self.max_inspected => true,
+                None => break, // wait for more of the head
+            };
+            let step = if wanted {
+                if len - 4 > self.max_inspected {
+                    return Err(PgError::fatal(
+                        super::error::sqlstate::PROGRAM_LIMIT_EXCEEDED,
+                        format!(
+                            "message type '{}' of {len} bytes is too large for usher to hold (limit {} bytes)",
+                            printable(tag),
+                            self.max_inspected
+                        ),
+                    ));
                 }
-                if buf.len() - pos < total {
+                if !whole {
                     break; // wait for the rest of it
                 }
                 let step = visit(tag, &buf[pos + 5..pos + total]);
@@ -113,7 +159,7 @@ impl FrameWalker {
                 }
                 step
             } else {
-                let step = visit(tag, &[]);
+                let step = visit(tag, if peek { head } else { &[] });
                 if step != Visit::StopBefore {
                     pos += 5;
                     self.skip = len - 4;
@@ -149,6 +195,57 @@ mod tests {
         buf.put_u8(tag);
         buf.put_u32(body.len() as u32 + 4);
         buf.put_slice(body);
+    }
+
+    #[test]
+    fn peeking_waits_for_the_head_and_streams_with_it() {
+        let mut data = BytesMut::new();
+        msg(&mut data, b'B', b"\0s1\0params...");
+        let mut w = FrameWalker::new(1 << 20).inspect_up_to(4);
+        let mut seen = vec![];
+        // The names are not all in: the walk waits.
+        let wants = |_, _, head: &[u8]| head.iter().filter(|b| **b == 0).nth(1).map(|_| false);
+        let r = w
+            .walk_peeking(&data[..7], wants, |t, b| {
+                seen.push((t, b.to_vec()));
+                Visit::Forward
+            })
+            .unwrap();
+        assert_eq!((r.forward, seen.len()), (0, 0));
+        // Now they are: visited with its head, streamed although the body is
+        // larger than the inspection limit, and a stop before it holds it.
+        let r = w
+            .walk_peeking(&data[..12], wants, |t, b| {
+                seen.push((t, b.to_vec()));
+                Visit::StopBefore
+            })
+            .unwrap();
+        assert_eq!(
+            r,
+            Walked {
+                forward: 0,
+                stopped: true
+            }
+        );
+        assert_eq!(seen, [(b'B', b"\0s1\0par".to_vec())]);
+        // The caller took the header and names; the rest streams.
+        w.stream_rest_of_body(data.len() - 9);
+        let r = w
+            .walk_peeking(&data[9..], wants, |_, _| Visit::Forward)
+            .unwrap();
+        assert_eq!(r.forward, data.len() - 9);
+        assert!(w.at_boundary());
+    }
+
+    #[test]
+    fn a_held_message_past_the_limit_is_54000() {
+        let mut data = BytesMut::new();
+        msg(&mut data, b'P', &[1u8; 100]);
+        let mut w = FrameWalker::new(1 << 20).inspect_up_to(50);
+        let e = w
+            .walk(&data, |_, _| true, |_, _| Visit::Forward)
+            .unwrap_err();
+        assert_eq!(e.code, "54000");
     }
 
     #[test]

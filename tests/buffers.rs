@@ -1,0 +1,109 @@
+//! What one client, and all clients together, can make usher hold in
+//! memory: messages usher must read whole are bounded by
+//! max_buffered_message (54000 past it), everything else streams, and the
+//! large buffers of all clients together by max_buffered_total (53200).
+
+mod common;
+
+use common::wire::{message, read_error, read_message, startup_packet};
+use common::{sqlstate, PgCluster, Usher};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+/// A raw client, logged in (trust), at its first ReadyForQuery.
+async fn logged_in(usher: &Usher) -> TcpStream {
+    let mut s = TcpStream::connect(usher.addr).await.unwrap();
+    s.write_all(&startup_packet(&[("user", "alice"), ("database", "app")]))
+        .await
+        .unwrap();
+    loop {
+        let (tag, body) = read_message(&mut s).await;
+        assert_ne!(
+            tag,
+            b'E',
+            "login failed: {}",
+            String::from_utf8_lossy(&body)
+        );
+        if tag == b'Z' {
+            return s;
+        }
+    }
+}
+
+/// A named Parse of `SELECT '<n x's>'`.
+fn named_parse(name: &str, n: usize) -> Vec<u8> {
+    let mut body = format!("{name}\0SELECT '").into_bytes();
+    body.extend(std::iter::repeat_n(b'x', n));
+    body.extend_from_slice(b"'\0\0\0");
+    message(b'P', &body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_messages_usher_must_hold_are_bounded_by_max_buffered_message() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(
+        pg,
+        "pool_mode: transaction\nmax_buffered_message: 1048576\n",
+    )
+    .await;
+    let c = usher.alice().await;
+    let big = "x".repeat(2 << 20);
+    // Streamed: an unnamed statement, and a named one's 2 MB parameter.
+    let rows = c
+        .simple_query(&format!("SELECT length('{big}')"))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&rows[1], tokio_postgres::SimpleQueryMessage::Row(r) if r.get(0) == Some("2097152"))
+    );
+    let stmt = c.prepare("SELECT length($1::text)").await.unwrap();
+    let n: i32 = c.query_one(&stmt, &[&big]).await.unwrap().get(0);
+    assert_eq!(n, 2 << 20);
+    // Held whole: a named Parse of 2 MB is refused with 54000.
+    let e = c
+        .prepare(&format!("SELECT '{big}'"))
+        .await
+        .expect_err("a 2 MB named Parse is past max_buffered_message");
+    assert_eq!(sqlstate(&e).as_deref(), Some("54000"), "{e:?}");
+    // Others go on.
+    usher.alice().await.simple_query("SELECT 1").await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_messages_of_all_clients_together_are_bounded_by_max_buffered_total() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(
+        pg,
+        "auth:\n  method: trust\npool_mode: transaction\n\
+         max_buffered_message: 2097152\nmax_buffered_total: 3145728\n",
+    )
+    .await;
+    let parse = named_parse("s1", 1_900_000);
+    let (first, rest) = parse.split_at(1_500_000);
+    // One client holds 1.5 MB of a message; a second one that would take
+    // the total past 3 MB is ended with 53200.
+    let mut a = logged_in(&usher).await;
+    a.write_all(first).await.unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while usher.app.buffers.used() < 1_400_000 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "usher never held the message"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let mut b = logged_in(&usher).await;
+    let _ = b.write_all(first).await;
+    let e = read_error(&mut b).await;
+    assert_eq!(e[&'C'], "53200", "{e:?}");
+    // The first one finishes its message and is answered.
+    a.write_all(rest).await.unwrap();
+    a.write_all(&message(b'S', b"")).await.unwrap();
+    assert_eq!(read_message(&mut a).await.0, b'1');
+    assert_eq!(read_message(&mut a).await.0, b'Z');
+    // Once it is done with it, the memory is free for others.
+    let mut c = logged_in(&usher).await;
+    c.write_all(&named_parse("s2", 1_900_000)).await.unwrap();
+    c.write_all(&message(b'S', b"")).await.unwrap();
+    assert_eq!(read_message(&mut c).await.0, b'1');
+}

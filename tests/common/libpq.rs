@@ -49,6 +49,8 @@ pub struct Outcome {
     pub bytes: usize,
     /// The last CommandComplete tag.
     pub tag: String,
+    /// The CopyData bodies of a COPY TO STDOUT, in order.
+    pub copied: Vec<u8>,
 }
 
 impl LibpqClient {
@@ -86,17 +88,22 @@ impl LibpqClient {
         let mut m = vec![tag];
         m.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
         m.extend_from_slice(body);
-        self.tls.writer().write_all(&m).unwrap();
-        while self.tls.wants_write() {
-            match self.tls.write_tls(&mut self.tcp) {
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    assert!(
-                        self.poll(libc::POLLOUT),
-                        "usher read nothing from the client for {QUIET_LIMIT:?}"
-                    );
+        let mut rest = &m[..];
+        while !rest.is_empty() {
+            // rustls takes as much as its outgoing buffer has room for.
+            let n = self.tls.writer().write(rest).unwrap();
+            rest = &rest[n..];
+            while self.tls.wants_write() {
+                match self.tls.write_tls(&mut self.tcp) {
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        assert!(
+                            self.poll(libc::POLLOUT),
+                            "usher read nothing from the client for {QUIET_LIMIT:?}"
+                        );
+                    }
+                    Err(e) => panic!("write to usher: {e}"),
                 }
-                Err(e) => panic!("write to usher: {e}"),
             }
         }
     }
@@ -134,9 +141,14 @@ impl LibpqClient {
         loop {
             let (tag, body) = self.message();
             match tag {
-                b'D' | b'd' => {
+                b'D' => {
                     out.rows += 1;
                     out.bytes += body.len();
+                }
+                b'd' => {
+                    out.rows += 1;
+                    out.bytes += body.len();
+                    out.copied.extend_from_slice(&body);
                 }
                 b'C' => out.tag = String::from_utf8_lossy(&body[..body.len() - 1]).into_owned(),
                 b'E' => panic!("{}", describe(tag, &body)),

@@ -5,6 +5,7 @@
 mod common;
 
 use common::attempts::expect_outcome;
+use common::libpq::LibpqClient;
 use common::tls::{psql_err, psql_ok, tls_connect, write_file, Pair, TestCa};
 use common::wire::{read_message, startup_packet};
 use common::{sqlstate, PgCluster, Usher, ALICE_PASSWORD};
@@ -196,6 +197,47 @@ async fn a_plaintext_cancel_request_reaches_a_tls_client_query() {
             break;
         }
     }
+}
+
+/// The reported hang: psycopg on the system libpq (PostgreSQL 15), TLS,
+/// session mode, `select repeat('x', 4395) from generate_series(1, 20)` in a
+/// loop stopped after a few rounds. libpq reads one TLS record at a time
+/// into at least 8 KB of free space and, when a message is incomplete, the
+/// application waits on the socket; usher wrote records of up to 16 KB, so
+/// the rest of a record stayed decrypted inside OpenSSL while the socket was
+/// quiet. The client here reads and waits the same way (common::libpq).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_libpq_style_client_gets_every_large_result_over_tls_in_session_mode() {
+    let e = env();
+    let extra = format!(
+        "{}auth:\n  method: trust\npool_mode: session\n",
+        e.usher_tls("require")
+    );
+    let usher = Usher::start(e.pg, &extra).await;
+    let mut client = LibpqClient::connect(usher.addr, &e.ca.cert_pem, "alice").await;
+    tokio::task::spawn_blocking(move || {
+        for round in 0..10 {
+            // The reported query, then one large enough that usher waits on
+            // the client and reads the server's output in large pieces.
+            for (rows, size) in [(20, 4395), (1000, 4395)] {
+                let sql = format!("select repeat('x', {size}) from generate_series(1, {rows})");
+                let out = client.query(&sql);
+                assert_eq!(out.rows, rows, "round {round}");
+                assert_eq!(out.tag, format!("SELECT {rows}"));
+            }
+        }
+        // Every record fits in what libpq asks for, as PostgreSQL's do
+        // (checked too because a larger record hangs libpq only when it
+        // happens to end a result).
+        assert!(
+            client.largest_record <= usher::tls::accept::MAX_RECORD_PLAINTEXT,
+            "a TLS record carried {} bytes",
+            client.largest_record
+        );
+        client.close();
+    })
+    .await
+    .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,6 +10,20 @@ use rustls::ServerConfig;
 use std::sync::Arc;
 use tokio_rustls::TlsAcceptor;
 
+/// The most plaintext usher puts in one TLS record to a client: what
+/// PostgreSQL puts in one (its 8 KB send buffer), not TLS's 16 KB.
+///
+/// libpq needs this (PostgreSQL 15's, at least). It reads one record per
+/// `SSL_read` into at least 8 KB of free space; the rest of a larger record
+/// stays decrypted inside OpenSSL, and an application on libpq's
+/// asynchronous API (psycopg) then waits on the socket for a message that
+/// already arrived: a hang once the server has sent the end of a result
+/// (tests/tls.rs, tests/common/libpq.rs).
+pub const MAX_RECORD_PLAINTEXT: usize = 8192;
+
+/// rustls counts the record header in `max_fragment_size`.
+const RECORD_HEADER: usize = 5;
+
 /// Client-facing TLS, built once from `tls`.
 #[derive(Clone)]
 pub struct ClientTls {
@@ -57,6 +71,7 @@ impl ClientTls {
             .map_err(|e| ("tls.key", format!("does not fit tls.cert: {e}")))?;
         // PostgreSQL 17 clients may name the protocol; older ones send nothing.
         config.alpn_protocols = vec![b"postgresql".to_vec()];
+        config.max_fragment_size = Some(MAX_RECORD_PLAINTEXT + RECORD_HEADER);
         Ok(Some(ClientTls {
             mode: tls.mode,
             acceptor: TlsAcceptor::from(Arc::new(config)),

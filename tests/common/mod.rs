@@ -4,6 +4,7 @@
 
 pub mod attempts;
 pub mod console;
+pub mod libpq;
 pub mod tls;
 pub mod wire;
 

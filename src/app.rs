@@ -1,11 +1,13 @@
 //! The running pooler: state shared by all client tasks, the accept loop,
 //! and graceful shutdown.
 
+use crate::accept::AcceptBackoff;
 use crate::auth::hba::Hba;
 use crate::auth::{AuthAttempt, Credentials};
 use crate::config::{Config, ConfigError, HbaMethod, OnError};
 use crate::frontend::prepared::StatementRegistry;
 use crate::frontend::registry::ClientRegistry;
+use crate::frontend::slots::LoginSlots;
 use crate::hooks::builtin::Builtins;
 use crate::hooks::lua::{LoadError, LuaEngine, LuaServices, LuaSettings};
 use crate::hooks::query::QueryPool;
@@ -22,7 +24,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::{broadcast, watch, Semaphore};
+use tokio::sync::{broadcast, watch};
 
 /// Auth attempt records a slow subscriber may fall behind by before it
 /// misses some.
@@ -59,8 +61,9 @@ pub struct App {
     pub mock_key: [u8; 32],
     /// Read-buffer memory charged by all clients (`max_buffered_total`).
     pub buffers: crate::frontend::budget::BufferBudget,
-    /// One permit per client in the startup phase (`max_auth_clients`).
-    pub login_slots: Arc<Semaphore>,
+    /// One slot per client in the startup phase (`max_auth_clients`, and
+    /// `max_auth_clients_per_address` from one address).
+    pub login_slots: LoginSlots,
     /// The hooks of every event and the global switch.
     pub hooks: Dispatcher,
     /// What Lua hooks reach beyond their VMs (shared store, role graph,
@@ -179,7 +182,7 @@ impl App {
             builtins,
             lua_hooks: LuaHooks::default(),
             buffers: Default::default(),
-            login_slots: Arc::new(Semaphore::new(config.max_auth_clients)),
+            login_slots: LoginSlots::new(config.max_auth_clients),
             configured: ArcSwap::from_pointee(configured),
             started: std::time::Instant::now(),
             pools: Pools::new(),
@@ -291,6 +294,8 @@ fn hold_restart_only_keys(old: &Config, new: &mut Config) -> Vec<&'static str> {
     }
     hold!(listen);
     hold!(metrics.listen);
+    hold!(metrics.max_connections);
+    hold!(metrics.request_timeout);
     hold!(log.format);
     hold!(max_auth_clients);
     hold!(auth_monitor);
@@ -540,17 +545,23 @@ impl Server {
         app.start_background();
         let mut shutdown = app.shutting_down();
         tracing::info!(listen = %self.listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), "usher is accepting connections");
+        // Out of descriptors and the like: pause (10 ms doubling to 1 s)
+        // and log the burst once; clients wait in the listen backlog.
+        let mut backoff = AcceptBackoff::new("clients");
         loop {
             tokio::select! {
                 accepted = self.listener.accept() => match accepted {
                     Ok((stream, addr)) => {
+                        backoff.accepted();
                         let app = app.clone();
                         tokio::spawn(crate::frontend::login::handle_client(app, stream, addr));
                     }
                     Err(e) => {
-                        // Out of file descriptors and the like: back off briefly.
-                        tracing::error!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        let pause = backoff.failed(&e);
+                        tokio::select! {
+                            _ = tokio::time::sleep(pause) => {}
+                            _ = async { let _ = shutdown.wait_for(|s| *s).await; } => break,
+                        }
                     }
                 },
                 _ = async { let _ = shutdown.wait_for(|s| *s).await; } => break,

@@ -3,6 +3,7 @@
 //! See ARCHITECTURE.md for the map of the modules and how a connection
 //! flows through them.
 
+pub mod accept;
 pub mod admin;
 pub mod app;
 pub mod auth;

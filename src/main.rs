@@ -55,11 +55,13 @@ fn main() -> ExitCode {
     }
     let hooks_off =
         cli.no_hooks || std::env::var("USHER_HOOKS").is_ok_and(|v| v.eq_ignore_ascii_case("off"));
+    let mut endpoint = None;
     if matches!(command, Command::Run) {
         usher::logging::init(&config.log);
         // Before the app registers its metrics (pools, hooks).
-        if let Some(listen) = config.metrics.listen {
-            if let Err(e) = usher::metrics::install(listen) {
+        match usher::metrics::install(&config.metrics) {
+            Ok(e) => endpoint = e,
+            Err(e) => {
                 eprintln!("usher: {e}");
                 return ExitCode::from(1);
             }
@@ -79,11 +81,11 @@ fn main() -> ExitCode {
             println!("{}: configuration is valid", cli.config.display());
             ExitCode::SUCCESS
         }
-        _ => run(app),
+        _ => run(app, endpoint),
     }
 }
 
-fn run(app: std::sync::Arc<usher::App>) -> ExitCode {
+fn run(app: std::sync::Arc<usher::App>, endpoint: Option<usher::metrics::Endpoint>) -> ExitCode {
     let config = app.config();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -99,6 +101,9 @@ fn run(app: std::sync::Arc<usher::App>) -> ExitCode {
             }
         };
         usher::control::spawn_signal_handlers(server.app.clone());
+        if let Some(endpoint) = endpoint {
+            tokio::spawn(endpoint.serve());
+        }
         server.run().await;
         ExitCode::SUCCESS
     })

@@ -354,6 +354,11 @@ pub(super) fn show_config(app: &App) -> Reply {
         ("listen", c.listen.to_string(), "127.0.0.1:6432"),
         ("max_client_conn", c.max_client_conn.to_string(), "10000"),
         ("max_auth_clients", c.max_auth_clients.to_string(), "1000"),
+        (
+            "max_auth_clients_per_address",
+            c.max_auth_clients_per_address.to_string(),
+            "100",
+        ),
         ("pool_mode", c.pool_mode.to_string(), "transaction"),
         ("pool_size", c.pool_size.to_string(), "20"),
         ("min_pool_size", c.min_pool_size.to_string(), "0"),

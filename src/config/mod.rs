@@ -123,6 +123,11 @@ pub struct Config {
     /// completes) at once; more are refused with 53300.
     #[serde(default = "defaults::max_auth_clients")]
     pub max_auth_clients: usize,
+    /// Of those, clients from one address (an IPv6 /64) at once; more from
+    /// it are refused with 53300, so that one address cannot take every
+    /// login slot.
+    #[serde(default = "defaults::max_auth_clients_per_address")]
+    pub max_auth_clients_per_address: usize,
     /// Seconds running transactions get to finish on SIGTERM/SIGINT.
     #[serde(default = "defaults::shutdown_timeout")]
     pub shutdown_timeout: f64,
@@ -167,11 +172,29 @@ pub struct Config {
 }
 
 /// `metrics:`: the Prometheus endpoint.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MetricsConfig {
     /// Address of the HTTP endpoint serving `/metrics`; none: no endpoint.
     pub listen: Option<SocketAddr>,
+    /// Connections the endpoint serves at once; more wait in the listen
+    /// backlog (holding no descriptor of usher's).
+    #[serde(default = "defaults::metrics_max_connections")]
+    pub max_connections: usize,
+    /// Seconds a connection has to send its request head, and again to
+    /// take the response.
+    #[serde(default = "defaults::metrics_request_timeout")]
+    pub request_timeout: f64,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig {
+            listen: None,
+            max_connections: defaults::metrics_max_connections(),
+            request_timeout: defaults::metrics_request_timeout(),
+        }
+    }
 }
 
 /// What a client_connection hook failure does to the client.
@@ -424,6 +447,15 @@ mod defaults {
     pub fn max_auth_clients() -> usize {
         1000
     }
+    pub fn max_auth_clients_per_address() -> usize {
+        100
+    }
+    pub fn metrics_max_connections() -> usize {
+        64
+    }
+    pub fn metrics_request_timeout() -> f64 {
+        5.0
+    }
     pub fn auth_cache_ttl() -> f64 {
         10.0
     }
@@ -543,6 +575,25 @@ impl Config {
             if !(v >= 0.0 && v.is_finite()) {
                 return Err(err(key, "expected a number of seconds (0 turns it off)"));
             }
+        }
+        if self.max_auth_clients_per_address == 0 {
+            return Err(err(
+                "max_auth_clients_per_address",
+                "expected a number greater than 0",
+            ));
+        }
+        if self.metrics.max_connections == 0 {
+            return Err(err(
+                "metrics.max_connections",
+                "expected a number greater than 0",
+            ));
+        }
+        let t = self.metrics.request_timeout;
+        if !(t > 0.0 && t.is_finite()) {
+            return Err(err(
+                "metrics.request_timeout",
+                "expected a positive number of seconds",
+            ));
         }
         if self.max_message_size < 1024 {
             return Err(err("max_message_size", "expected at least 1024 bytes"));
@@ -767,6 +818,43 @@ mod tests {
         assert_eq!(c.pool_mode, PoolMode::Transaction);
         assert_eq!(c.auth.method, AuthMethod::ScramSha256);
         assert_eq!(c.databases["app"].server_dbname("app"), "app");
+    }
+
+    #[test]
+    fn the_overload_bounds_have_defaults_and_refuse_zero() {
+        let c = Config::from_yaml("databases: { app: {} }\n", "t.yaml").unwrap();
+        assert_eq!(c.max_auth_clients_per_address, 100);
+        assert_eq!(c.metrics.max_connections, 64);
+        assert_eq!(c.metrics.request_timeout, 5.0);
+        let c = Config::from_yaml("metrics: { listen: 127.0.0.1:9100 }\n", "t.yaml").unwrap();
+        assert_eq!(
+            c.metrics.max_connections, 64,
+            "defaults with a metrics section"
+        );
+        for (yaml, key) in [
+            (
+                "max_auth_clients_per_address: 0\n",
+                "max_auth_clients_per_address",
+            ),
+            (
+                "metrics: { max_connections: 0 }\n",
+                "metrics.max_connections",
+            ),
+            (
+                "metrics: { request_timeout: 0 }\n",
+                "metrics.request_timeout",
+            ),
+            (
+                "metrics: { request_timeout: .inf }\n",
+                "metrics.request_timeout",
+            ),
+        ] {
+            assert_eq!(
+                Config::from_yaml(yaml, "t.yaml").unwrap_err().key,
+                key,
+                "{yaml}"
+            );
+        }
     }
 
     #[test]

@@ -4,13 +4,15 @@
 //! ParameterStatus, BackendKeyData, ReadyForQuery).
 //!
 //! The whole phase runs under `auth_timeout` and holds one of the
-//! `max_auth_clients` login slots. Every outcome is recorded as an
+//! `max_auth_clients` login slots (at most `max_auth_clients_per_address`
+//! of them per address, see [`super::slots`]). Every outcome is recorded as an
 //! [`AuthAttempt`].
 
 use super::close_with_error;
 use super::params::SessionParams;
 use super::registry::ClientFacts;
 use super::session::Session;
+use super::slots::NoSlot;
 use super::stream::ClientStream;
 use crate::app::{App, Configured};
 use crate::auth::hba::{Connection, Decision};
@@ -103,18 +105,30 @@ pub async fn handle_client(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
     let mut progress = Progress::new(addr);
     // Clients that have not finished logging in are bounded: each costs a
     // task, buffers and maybe a TLS handshake, and silent ones hold theirs
-    // until auth_timeout.
-    let Ok(slot) = app.login_slots.clone().try_acquire_owned() else {
-        progress.record(&app, AuthOutcome::Refused).await;
-        let e = PgError::fatal(
-            sqlstate::TOO_MANY_CONNECTIONS,
-            format!(
-                "sorry, too many clients are logging in already (max_auth_clients is {})",
-                configured.config.max_auth_clients
-            ),
-        );
-        close_with_error(&mut stream, &e).await;
-        return;
+    // until auth_timeout. One address gets a share, so that it cannot hold
+    // every slot.
+    let config = &configured.config;
+    let slot = match app
+        .login_slots
+        .try_acquire(addr.ip(), config.max_auth_clients_per_address)
+    {
+        Ok(slot) => slot,
+        Err(no) => {
+            progress.record(&app, AuthOutcome::Refused).await;
+            let message = match no {
+                NoSlot::All => format!(
+                    "sorry, too many clients are logging in already (max_auth_clients is {})",
+                    config.max_auth_clients
+                ),
+                NoSlot::Address(key) => format!(
+                    "sorry, too many clients from {key} are logging in already (max_auth_clients_per_address is {})",
+                    config.max_auth_clients_per_address
+                ),
+            };
+            let e = PgError::fatal(sqlstate::TOO_MANY_CONNECTIONS, message);
+            close_with_error(&mut stream, &e).await;
+            return;
+        }
     };
     let timeout = Duration::from_secs_f64(configured.config.auth_timeout);
     let result = tokio::time::timeout(

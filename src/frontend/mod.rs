@@ -5,6 +5,7 @@
 //!   pool and forwards bytes both ways.
 //! - [`params`]: the session's parameters, carried to every server connection.
 //! - [`registry`]: connected clients by BackendKeyData, for cancel requests.
+//! - [`slots`]: login slots, in all and per address.
 //! - [`stream`]: the client's connection, plain or TLS.
 //! - [`budget`]: the memory all clients' read buffers may hold together.
 //! - [`abandon`]: a server connection its client left busy: cancelled,
@@ -17,6 +18,7 @@ pub mod params;
 pub mod prepared;
 pub mod registry;
 pub mod session;
+pub mod slots;
 pub mod stream;
 
 use crate::metrics::ErrorSource;

@@ -1,4 +1,4 @@
-//! Metric names and the Prometheus endpoint.
+//! Metric names and the Prometheus endpoint (served by [`http`]).
 //!
 //! Recording goes through the `metrics` crate: handles are registered once
 //! (per pool, per hook) and incremented with relaxed atomics, so the
@@ -6,8 +6,11 @@
 //! users that passed authentication have pools), hook file, event, outcome,
 //! SQLSTATE class — never an unknown user name or a client address.
 
+pub mod http;
+
+use crate::config::MetricsConfig;
 use metrics::Counter;
-use std::net::SocketAddr;
+use metrics_exporter_prometheus::PrometheusHandle;
 use std::sync::{LazyLock, OnceLock};
 use std::time::Duration;
 
@@ -42,31 +45,71 @@ pub const PROCESS_PREFIX: &str = "usher_";
 /// How often the process metrics are read (from /proc on Linux).
 const PROCESS_INTERVAL: Duration = Duration::from_secs(5);
 
-/// Installs the Prometheus recorder and its HTTP endpoint (`GET /metrics`).
-/// Call once, before anything registers a metric.
-pub fn install(listen: SocketAddr) -> Result<(), String> {
+/// The endpoint, bound and with its recorder installed, to be served on
+/// the runtime ([`Endpoint::serve`]).
+#[derive(Debug)]
+pub struct Endpoint {
+    listener: std::net::TcpListener,
+    handle: PrometheusHandle,
+    limits: http::Limits,
+}
+
+/// Installs the Prometheus recorder and binds its HTTP endpoint
+/// (`GET /metrics`, bounded as `config` says); starts the process metrics.
+/// Call once, before anything registers a metric. The endpoint is served
+/// once a runtime runs ([`Endpoint::serve`]); binding now means a port
+/// taken is an error at start.
+pub fn install(config: &MetricsConfig) -> Result<Option<Endpoint>, String> {
     use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
-    let failed = |e| format!("cannot start the metrics endpoint on {listen}: {e}");
+    let Some(listen) = config.listen else {
+        return Ok(None);
+    };
+    let failed =
+        |e: &dyn std::fmt::Display| format!("cannot start the metrics endpoint on {listen}: {e}");
     // Histograms with buckets (not the exporter's default summaries), so
     // that they can be summed across pools and instances.
     let buckets = |b: PrometheusBuilder, name: &str, values: &[f64]| {
         b.set_buckets_for_metric(Matcher::Full(name.to_string()), values)
     };
-    let builder = PrometheusBuilder::new().with_http_listener(listen);
-    let builder = buckets(builder, WAIT_SECONDS, POOL_BUCKETS).map_err(failed)?;
-    let builder = buckets(builder, TRANSACTION_SECONDS, POOL_BUCKETS).map_err(failed)?;
-    let builder = buckets(builder, HOOK_DURATION, HOOK_BUCKETS).map_err(failed)?;
-    builder.install().map_err(failed)?;
+    let builder = PrometheusBuilder::new();
+    let builder = buckets(builder, WAIT_SECONDS, POOL_BUCKETS).map_err(|e| failed(&e))?;
+    let builder = buckets(builder, TRANSACTION_SECONDS, POOL_BUCKETS).map_err(|e| failed(&e))?;
+    let builder = buckets(builder, HOOK_DURATION, HOOK_BUCKETS).map_err(|e| failed(&e))?;
+    let listener = std::net::TcpListener::bind(listen).map_err(|e| failed(&e))?;
+    listener.set_nonblocking(true).map_err(|e| failed(&e))?;
+    let handle = builder.install_recorder().map_err(|e| failed(&e))?;
     describe();
-    start_process_collector();
-    Ok(())
+    start_process_collector(handle.clone());
+    Ok(Some(Endpoint {
+        listener,
+        handle,
+        limits: http::Limits {
+            max_connections: config.max_connections,
+            timeout: Duration::from_secs_f64(config.request_timeout),
+        },
+    }))
 }
 
-/// Reads the process metrics (resident and virtual memory, CPU seconds,
-/// open and maximum file descriptors, threads, start time) now and then
-/// every [`PROCESS_INTERVAL`] on a small thread of its own, so the runtime
-/// that forwards bytes is not involved. On Linux they come from /proc.
-fn start_process_collector() {
+impl Endpoint {
+    /// Serves `/metrics` until the runtime ends.
+    pub async fn serve(self) {
+        let listener = match tokio::net::TcpListener::from_std(self.listener) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot serve the metrics endpoint");
+                return;
+            }
+        };
+        http::serve(listener, self.handle, self.limits).await
+    }
+}
+
+/// Every [`PROCESS_INTERVAL`], on a small thread of its own (so the runtime
+/// that forwards bytes is not involved): reads the process metrics
+/// (resident and virtual memory, CPU seconds, open and maximum file
+/// descriptors, threads, start time; from /proc on Linux), and does the
+/// recorder's upkeep (histogram samples into their buckets).
+fn start_process_collector(handle: PrometheusHandle) {
     let collector = metrics_process::Collector::new(PROCESS_PREFIX);
     collector.describe();
     collector.collect();
@@ -75,6 +118,7 @@ fn start_process_collector() {
         .spawn(move || loop {
             std::thread::sleep(PROCESS_INTERVAL);
             collector.collect();
+            handle.run_upkeep();
         });
     if let Err(e) = spawned {
         tracing::warn!(error = %e, "cannot start the process metrics thread");

@@ -74,6 +74,9 @@ enum End {
     Error(PgError),
     /// usher is shutting down and the client was idle.
     Shutdown,
+    /// The server closed the connection after a FATAL the client was
+    /// forwarded: nothing more to say (a direct client sees just that).
+    ServerFatal,
 }
 
 /// The forwarding state of one client: the server connection it holds, the
@@ -85,6 +88,8 @@ struct Link {
     /// The client's DISCARD ALL completed; session_start runs again once
     /// nothing is in flight.
     discarded: bool,
+    /// A FATAL from the server was forwarded: its end is no news.
+    server_fatal: bool,
     flow: Flow,
     plan: ResponsePlan,
     in_buf: BytesMut,
@@ -167,6 +172,7 @@ impl Session {
             held: None,
             lent_at: Instant::now(),
             discarded: false,
+            server_fatal: false,
             flow: Flow::new(),
             plan: ResponsePlan::default(),
             in_buf: BytesMut::new(),
@@ -209,7 +215,7 @@ impl Session {
             }
         }
         match &end {
-            End::ClientLeft => {}
+            End::ClientLeft | End::ServerFatal => {}
             End::Error(e) => Box::pin(close_with_error(&mut client, e)).await,
             End::Shutdown => {
                 let e = PgError::fatal(
@@ -232,6 +238,7 @@ impl Session {
                 End::ClientLeft => ("client", None),
                 End::Error(e) => ("error", Some(e)),
                 End::Shutdown => ("shutdown", None),
+                End::ServerFatal => ("server", None),
             };
             tracing::info!(
                 user = %self.client.user, database = %self.client.database, addr = %self.client.addr,
@@ -305,6 +312,7 @@ impl Session {
                         None => std::future::pending().await,
                     }
                 } => match io {
+                    Ok(ServerIo::Read(0)) | Err(_) if link.server_fatal => return End::ServerFatal,
                     Ok(ServerIo::Read(0)) => return End::Error(server_lost("server closed the connection unexpectedly")),
                     Ok(ServerIo::Read(_)) => Wake::ServerData,
                     Ok(ServerIo::Wrote) => Wake::ServerWritten,
@@ -550,6 +558,7 @@ impl Session {
         loop {
             let mut answer = None;
             let mut discarded = false;
+            let mut fatal = false;
             let stats = &self.pool.stats;
             let flow = &mut link.flow;
             let plan = &mut link.plan;
@@ -622,6 +631,7 @@ impl Session {
                         b'E' => {
                             let code = messages::error_code(body).unwrap_or_default();
                             metrics::count_error(ErrorSource::Server, code);
+                            fatal |= messages::error_is_fatal(body);
                             Visit::Forward
                         }
                         _ => Visit::Forward,
@@ -629,6 +639,7 @@ impl Session {
                 )
                 .map_err(|e| End::Error(server_lost(&e.message)))?;
             link.discarded |= discarded;
+            link.server_fatal |= fatal;
             if discarded && rewriting {
                 self.handle.set_prepared(0);
             }

@@ -84,7 +84,7 @@ impl App {
         match database {
             Some(d) if !self.config().databases.contains_key(d) => Err(PgError::error(
                 sqlstate::INVALID_CATALOG_NAME,
-                format!("no such database: {d}"),
+                format!("no such database: {}", crate::protocol::error::shown(d, 64)),
             )),
             _ => Ok(()),
         }

@@ -253,10 +253,13 @@ async fn every_outcome_is_recorded_with_who_where_and_how() {
     let m = expect_outcome(&mut attempts, "mallory", AuthOutcome::UnknownUser).await;
     assert!(!m.user_exists);
 
-    // A startup packet that cannot be read: a protocol error, name unknown.
+    // A startup packet that cannot be read: a protocol error, name unknown
+    // (the client is told nothing, as PostgreSQL tells it nothing).
     let mut s = TcpStream::connect(usher.addr).await.unwrap();
     s.write_all(&100_000_000u32.to_be_bytes()).await.unwrap();
-    assert_eq!(read_error(&mut s).await[&'C'], "08P01");
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut rest)).await;
+    assert_eq!(rest, b"");
     expect_outcome(&mut attempts, "", AuthOutcome::ProtocolError).await;
 }
 

@@ -13,7 +13,7 @@ use crate::frontend::close_with_error;
 use crate::frontend::registry::Registration;
 use crate::frontend::stream::ClientStream;
 use crate::hooks::builtin::{AuthMonitor, Table};
-use crate::protocol::error::sqlstate;
+use crate::protocol::error::{shown, sqlstate};
 use crate::protocol::messages::{self, read_message};
 use crate::protocol::PgError;
 use bytes::BytesMut;
@@ -139,9 +139,11 @@ impl Console {
             match msg.tag {
                 b'X' => return,
                 b'Q' => {
-                    let sql = String::from_utf8_lossy(&msg.body);
-                    let sql = sql.trim_end_matches('\0');
-                    match self.run(sql).await {
+                    let result = match query_text(&msg.body) {
+                        Ok(sql) => self.run(sql).await,
+                        Err(e) => Err(e),
+                    };
+                    match result {
                         Ok(reply) => reply.encode(&mut out),
                         Err(e) => {
                             crate::frontend::count_error(&e);
@@ -218,7 +220,8 @@ impl Console {
                     PgError::error(
                         sqlstate::SYNTAX_ERROR,
                         format!(
-                            "KILL_CLIENT needs a client id (SHOW CLIENTS' id column), got \"{id}\""
+                            "KILL_CLIENT needs a client id (SHOW CLIENTS' id column), got \"{}\"",
+                            shown(id, 64)
                         ),
                     )
                 })?;
@@ -277,7 +280,7 @@ impl Console {
             }
             _ => Err(PgError::error(
                 sqlstate::SYNTAX_ERROR,
-                format!("unknown admin console command: {}", sql.trim()),
+                format!("unknown admin console command: {}", shown(sql.trim(), 64)),
             )
             .with_hint("SHOW HELP lists the commands")),
         }
@@ -373,7 +376,7 @@ impl Console {
             "BLOCKING" => Ok(self.app.builtins.blocking.show().into()),
             other => Err(PgError::error(
                 sqlstate::SYNTAX_ERROR,
-                format!("unknown SHOW item: {other}"),
+                format!("unknown SHOW item: {}", shown(other, 64)),
             )
             .with_hint("SHOW HELP lists the commands")),
         }
@@ -424,6 +427,48 @@ impl Console {
             rows,
         )
     }
+}
+
+/// The text of a Query message, read as PostgreSQL reads it: one string
+/// ended by the message's only NUL, valid UTF-8 (the console's encoding).
+/// Errors are PostgreSQL's (an ERROR: the session goes on).
+fn query_text(body: &[u8]) -> Result<&str, PgError> {
+    let Some(end) = body.iter().position(|b| *b == 0) else {
+        return Err(PgError::error(
+            sqlstate::PROTOCOL_VIOLATION,
+            "invalid string in message",
+        ));
+    };
+    let text = std::str::from_utf8(&body[..end]).map_err(|e| {
+        // PostgreSQL names the bytes of the first bad character: as many
+        // as its first byte announces, at most what is there.
+        let bad = &body[e.valid_up_to()..end];
+        let announced = match bad[0] {
+            b if b & 0xe0 == 0xc0 => 2,
+            b if b & 0xf0 == 0xe0 => 3,
+            b if b & 0xf8 == 0xf0 => 4,
+            _ => 1,
+        };
+        let bytes: Vec<String> = bad
+            .iter()
+            .take(announced)
+            .map(|b| format!("0x{b:02x}"))
+            .collect();
+        PgError::error(
+            sqlstate::CHARACTER_NOT_IN_REPERTOIRE,
+            format!(
+                "invalid byte sequence for encoding \"UTF8\": {}",
+                bytes.join(" ")
+            ),
+        )
+    })?;
+    if end + 1 != body.len() {
+        return Err(PgError::error(
+            sqlstate::PROTOCOL_VIOLATION,
+            "invalid message format",
+        ));
+    }
+    Ok(text)
 }
 
 /// The name after the first `skip` words of a command, as written (quotes
@@ -492,5 +537,33 @@ impl Reply {
                 messages::command_complete(out, &format!("SHOW {}", rows.len()));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_query_text_as_postgresql_does() {
+        assert_eq!(query_text(b"SHOW POOLS\0").unwrap(), "SHOW POOLS");
+        let message = |body: &[u8]| query_text(body).unwrap_err().message;
+        assert_eq!(message(b"SHOW POOLS"), "invalid string in message");
+        assert_eq!(message(b"SHOW\0POOLS\0"), "invalid message format");
+        assert_eq!(message(b"SHOW\0\0"), "invalid message format");
+        assert_eq!(
+            message(b"SHOW \xff abc\0"),
+            "invalid byte sequence for encoding \"UTF8\": 0xff"
+        );
+        assert_eq!(
+            message(b"SHOW \xe2\x28\xa1\0"),
+            "invalid byte sequence for encoding \"UTF8\": 0xe2 0x28 0xa1"
+        );
+        assert_eq!(
+            message(b"SHOW \xf0\x9f\0"),
+            "invalid byte sequence for encoding \"UTF8\": 0xf0 0x9f"
+        );
+        assert_eq!(query_text(b"\xff\0").unwrap_err().code, "22021");
+        assert_eq!(query_text(b"x\0y\0").unwrap_err().code, "08P01");
     }
 }

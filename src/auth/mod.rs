@@ -236,9 +236,10 @@ where
     let mut body = read_auth_message(stream).await?;
     let mechanism = messages::get_cstr(&mut body).map_err(AuthFailure::protocol)?;
     if mechanism != "SCRAM-SHA-256" {
-        return Err(AuthFailure::protocol(PgError::protocol(format!(
-            "client selected an invalid SASL authentication mechanism: {mechanism}"
-        )))
+        // PostgreSQL's words; the client's bytes are not echoed.
+        return Err(AuthFailure::protocol(PgError::protocol(
+            "client selected an invalid SASL authentication mechanism",
+        ))
         .into());
     }
     if body.len() < 4 {

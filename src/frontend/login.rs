@@ -23,7 +23,9 @@ use crate::hooks::{ClientInfo, ConnectionCtx, Event, Vars};
 use crate::protocol::error::sqlstate;
 use crate::protocol::messages;
 use crate::protocol::scram_client::ScramKeys;
-use crate::protocol::startup::{read_startup, StartupPacket};
+use crate::protocol::startup::{
+    old_format_error, read_startup, unsupported_version, StartupPacket, GSSENC_REQUEST, SSL_REQUEST,
+};
 use crate::protocol::PgError;
 use bytes::BytesMut;
 use std::net::SocketAddr;
@@ -185,7 +187,7 @@ async fn login(
     count: usize,
     progress: &mut Progress,
 ) -> Result<Option<LoggedIn>, PgError> {
-    let Some(params) = startup(configured, app, stream).await? else {
+    let Some(params) = startup(configured, app, stream, progress.addr).await? else {
         return Ok(None);
     };
     let user = StartupPacket::param(&params, "user")
@@ -446,40 +448,58 @@ async fn choose_method(
     }
 }
 
-/// Reads startup-phase packets until the startup message, answering
-/// SSLRequest (with the TLS handshake when TLS is on) and GSSENCRequest,
-/// and forwarding a cancel request. `None`: nothing more to do.
+/// Reads startup-phase packets until the startup message, as PostgreSQL's
+/// ProcessStartupPacket does: an SSLRequest (answered `S` with the TLS
+/// handshake when TLS is on, `N` otherwise) and a GSSENCRequest (`N`) once
+/// each, a second one refused as an unknown protocol version (and a
+/// GSSENCRequest once TLS is on); a cancel request is forwarded. A client
+/// that asked for protocol 3.x (x > 0) or `_pq_.` options is told
+/// NegotiateProtocolVersion (3.0, the options unknown) and served as 3.0.
+/// `None`: nothing more to do. Bytes that are not a startup packet are a
+/// server-only error: logged, and the connection closed without a word.
 async fn startup(
     configured: &Configured,
     app: &App,
     stream: &mut ClientStream,
+    addr: SocketAddr,
 ) -> Result<Option<Vec<(String, String)>>, PgError> {
     let gone = |_| PgError::protocol("client went away");
+    let invalid = |e: PgError| {
+        tracing::info!(addr = %addr, error = %e.message, "invalid startup packet");
+        e
+    };
+    let (mut ssl_done, mut gss_done) = (false, false);
     loop {
-        match read_startup(stream).await? {
+        let packet = read_startup(stream).await.map_err(invalid)?;
+        match packet {
             None => return Ok(None),
-            Some(StartupPacket::SslRequest) if stream.is_tls() => {
-                return Err(PgError::protocol(
-                    "unexpected SSLRequest: the connection is already encrypted",
-                ));
-            }
-            Some(StartupPacket::SslRequest) => match &configured.client_tls {
-                Some(tls) => {
-                    stream.write_all(b"S").await.map_err(gone)?;
-                    // read_startup reads exactly one packet, so nothing the
-                    // client sent in plaintext after SSLRequest is taken
-                    // as if it came over TLS: it is the TLS handshake.
-                    if let Err(e) = stream.start_tls(&tls.acceptor).await {
-                        // Recorded as a protocol error; the client cannot
-                        // read an ErrorResponse without TLS.
-                        tracing::info!(error = %e, "TLS handshake with a client failed");
-                        return Err(PgError::protocol(format!("TLS handshake failed: {e}")));
+            Some(StartupPacket::SslRequest) if !ssl_done => {
+                ssl_done = true;
+                match &configured.client_tls {
+                    Some(tls) => {
+                        stream.write_all(b"S").await.map_err(gone)?;
+                        // read_startup reads exactly one packet, so nothing the
+                        // client sent in plaintext after SSLRequest is taken
+                        // as if it came over TLS: it is the TLS handshake.
+                        if let Err(e) = stream.start_tls(&tls.acceptor).await {
+                            // Recorded as a protocol error; the client cannot
+                            // read an ErrorResponse without TLS.
+                            tracing::info!(error = %e, "TLS handshake with a client failed");
+                            return Err(PgError::protocol(format!("TLS handshake failed: {e}")));
+                        }
+                        // No GSS encryption inside TLS.
+                        gss_done = true;
                     }
+                    // 'N' tells the client to go on in plaintext (or give up).
+                    None => stream.write_all(b"N").await.map_err(gone)?,
                 }
-                // 'N' tells the client to go on in plaintext (or give up).
-                None => stream.write_all(b"N").await.map_err(gone)?,
-            },
-            Some(StartupPacket::GssEncRequest) => stream.write_all(b"N").await.map_err(gone)?,
+            }
+            Some(StartupPacket::GssEncRequest) if !gss_done => {
+                gss_done = true;
+                stream.write_all(b"N").await.map_err(gone)?;
+            }
+            Some(StartupPacket::SslRequest) => return Err(unsupported_version(SSL_REQUEST)),
+            Some(StartupPacket::GssEncRequest) => return Err(unsupported_version(GSSENC_REQUEST)),
             Some(StartupPacket::Cancel { pid, secret }) => {
                 // Allowed in plaintext even when TLS is required: libpq
                 // before PostgreSQL 17 always sends cancels unencrypted.
@@ -490,7 +510,31 @@ async fn startup(
                 }
                 return Ok(None);
             }
-            Some(StartupPacket::Startup(params)) => return Ok(Some(params)),
+            Some(StartupPacket::Other(code)) => {
+                let e = unsupported_version(code);
+                // Protocol 1.x and 2.x clients get the error in their format.
+                return match old_format_error(code) {
+                    Some(old) => {
+                        let _ = stream.write_all(&old).await;
+                        Err(invalid(PgError::server_only(&e.code, e.message)))
+                    }
+                    None => Err(e),
+                };
+            }
+            Some(StartupPacket::Startup(message)) => {
+                if message.needs_negotiation() {
+                    let mut out = BytesMut::new();
+                    messages::negotiate_protocol_version(&mut out, &message.protocol_options);
+                    stream.write_all(&out).await.map_err(gone)?;
+                }
+                if StartupPacket::param(&message.params, "user").is_none_or(str::is_empty) {
+                    return Err(PgError::fatal(
+                        sqlstate::INVALID_AUTHORIZATION,
+                        "no PostgreSQL user name specified in startup packet",
+                    ));
+                }
+                return Ok(Some(message.params));
+            }
         }
     }
 }

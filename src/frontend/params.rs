@@ -193,7 +193,10 @@ fn parse_options(options: &str) -> Result<Vec<(String, String)>, PgError> {
     let bad = |w: &str| {
         PgError::fatal(
             crate::protocol::error::sqlstate::FEATURE_NOT_SUPPORTED,
-            format!("unsupported startup option \"{w}\": usher accepts only -c name=value and --name=value"),
+            format!(
+                "unsupported startup option \"{}\": usher accepts only -c name=value and --name=value",
+                crate::protocol::error::shown(w, 64)
+            ),
         )
     };
     while let Some(w) = it.next() {

@@ -78,6 +78,9 @@ enum End {
     Error(PgError),
     /// usher is shutting down and the client was idle.
     Shutdown,
+    /// The server closed the connection after a FATAL the client was
+    /// forwarded: nothing more to say (a direct client sees just that).
+    ServerFatal,
 }
 
 /// The forwarding state of one client: the server connection it holds, the
@@ -89,6 +92,10 @@ struct Link {
     /// The client's DISCARD ALL completed; session_start runs again once
     /// nothing is in flight.
     discarded: bool,
+    /// A FATAL from the server was forwarded: its end is no news.
+    server_fatal: bool,
+    /// The server connection failed or was closed by the server.
+    server_gone: bool,
     flow: Flow,
     plan: ResponsePlan,
     in_buf: BytesMut,
@@ -184,6 +191,8 @@ impl Session {
             held: None,
             lent_at: Instant::now(),
             discarded: false,
+            server_fatal: false,
+            server_gone: false,
             flow: Flow::new(),
             plan: ResponsePlan::default(),
             in_buf: BytesMut::new(),
@@ -222,6 +231,7 @@ impl Session {
                 && link.out_buf.is_empty()
                 && link.to_server.is_empty();
             match (clean, self.mode) {
+                _ if link.server_gone => self.pool.discard(checkout),
                 (true, PoolMode::Session) => Box::pin(self.pool.reset_and_checkin(checkout)).await,
                 (true, PoolMode::Transaction) => self.pool.checkin(checkout),
                 (false, mode) => {
@@ -245,7 +255,7 @@ impl Session {
             }
         }
         match &end {
-            End::ClientLeft => {}
+            End::ClientLeft | End::ServerFatal => {}
             End::Error(e) => Box::pin(close_with_error(&mut client, e)).await,
             End::Shutdown => {
                 let e = PgError::fatal(
@@ -268,6 +278,7 @@ impl Session {
                 End::ClientLeft => ("client", None),
                 End::Error(e) => ("error", Some(e)),
                 End::Shutdown => ("shutdown", None),
+                End::ServerFatal => ("server", None),
             };
             tracing::info!(
                 user = %self.client.user, database = %self.client.database, addr = %self.client.addr,
@@ -361,10 +372,17 @@ impl Session {
                         None => std::future::pending().await,
                     }
                 } => match io {
-                    Ok(ServerIo::Read(0)) => return End::Error(server_lost("server closed the connection unexpectedly")),
-                    Ok(ServerIo::Read(_)) => Wake::ServerData,
+                                    Ok(ServerIo::Read(n)) if n > 0 => Wake::ServerData,
                     Ok(ServerIo::Wrote) => Wake::ServerWritten,
-                    Err(e) => return End::Error(server_lost(&e.to_string())),
+                    gone => {
+                        // Nothing is left to cancel or recover on it.
+                        link.server_gone = true;
+                        return match gone {
+                            _ if link.server_fatal => End::ServerFatal,
+                            Err(e) => End::Error(server_lost(&e.to_string())),
+                            _ => End::Error(server_lost("server closed the connection unexpectedly")),
+                        };
+                    }
                 },
                 _ = shutdown.changed(), if idle => Wake::Shutdown,
             };
@@ -641,6 +659,7 @@ impl Session {
         loop {
             let mut answer = None;
             let mut discarded = false;
+            let mut fatal = false;
             let stats = &self.pool.stats;
             let flow = &mut link.flow;
             let plan = &mut link.plan;
@@ -718,6 +737,7 @@ impl Session {
                         b'E' => {
                             let code = messages::error_code(body).unwrap_or_default();
                             metrics::count_error(ErrorSource::Server, code);
+                            fatal |= messages::error_is_fatal(body);
                             Visit::Forward
                         }
                         _ => Visit::Forward,
@@ -725,6 +745,7 @@ impl Session {
                 )
                 .map_err(|e| End::Error(server_lost(&e.message)))?;
             link.discarded |= discarded;
+            link.server_fatal |= fatal;
             if discarded && rewriting {
                 self.handle.set_prepared(0);
             }

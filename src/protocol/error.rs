@@ -25,6 +25,7 @@ pub mod sqlstate {
     pub const INTERNAL_ERROR: &str = "XX000";
     pub const PROGRAM_LIMIT_EXCEEDED: &str = "54000";
     pub const OUT_OF_MEMORY: &str = "53200";
+    pub const CHARACTER_NOT_IN_REPERTOIRE: &str = "22021";
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,6 +36,9 @@ pub enum Severity {
     Error,
     Warning,
     Notice,
+    /// Logged, never sent: PostgreSQL's COMMERROR, for input it answers by
+    /// closing the connection without a word (a garbled startup packet).
+    ServerOnly,
 }
 
 impl Severity {
@@ -44,6 +48,7 @@ impl Severity {
             Severity::Error => "ERROR",
             Severity::Warning => "WARNING",
             Severity::Notice => "NOTICE",
+            Severity::ServerOnly => "LOG",
         }
     }
 }
@@ -107,19 +112,39 @@ impl PgError {
         PgError::fatal(sqlstate::PROTOCOL_VIOLATION, message)
     }
 
+    /// An error for the log only: the client is sent nothing (see
+    /// [`Severity::ServerOnly`]).
+    pub fn server_only(code: &str, message: impl Into<String>) -> Self {
+        PgError {
+            severity: Severity::ServerOnly,
+            ..PgError::fatal(code, message)
+        }
+    }
+
+    pub fn is_server_only(&self) -> bool {
+        self.severity == Severity::ServerOnly
+    }
+
     /// Appends this error as an ErrorResponse ('E'), or a NoticeResponse ('N')
-    /// for warnings and notices.
+    /// for warnings and notices; nothing for a server-only error. Control
+    /// characters in the text (a NUL would end a field early) are escaped,
+    /// so the message is always well formed.
     pub fn encode(&self, buf: &mut BytesMut) {
         let tag = match self.severity {
             Severity::Fatal | Severity::Error => b'E',
             Severity::Warning | Severity::Notice => b'N',
+            Severity::ServerOnly => return,
         };
         let start = buf.len();
         buf.put_u8(tag);
         buf.put_u32(0);
         let mut field = |code: u8, value: &str| {
             buf.put_u8(code);
-            buf.put_slice(value.as_bytes());
+            if value.chars().any(escaped) {
+                buf.put_slice(escape(value, usize::MAX, false).as_bytes());
+            } else {
+                buf.put_slice(value.as_bytes());
+            }
             buf.put_u8(0);
         };
         field(b'S', self.severity.as_str());
@@ -138,6 +163,40 @@ impl PgError {
     }
 }
 
+/// Control characters other than line breaks and tabs (which hook messages
+/// may use) are escaped in whatever usher sends.
+fn escaped(c: char) -> bool {
+    c.is_control() && !matches!(c, '\n' | '\r' | '\t')
+}
+
+/// `s` with control characters escaped (`\x1b`; all of them, or only
+/// those [`escaped`] names), cut to about `max` bytes (then `...`).
+fn escape(s: &str, max: usize, all: bool) -> String {
+    let mut out = String::with_capacity(s.len().min(max));
+    for c in s.chars() {
+        let before = out.len();
+        if c.is_control() && (all || escaped(c)) {
+            out.push_str(&format!("\\x{:02x}", c as u32));
+        } else {
+            out.push(c);
+        }
+        if out.len() > max {
+            out.truncate(before);
+            out.push_str("...");
+            break;
+        }
+    }
+    out
+}
+
+/// Client input as it may appear in an error message: at most `max` bytes
+/// (then `...`), every control character escaped (`\x1b`), so that an error
+/// never echoes raw or unbounded bytes. PostgreSQL quotes names as they
+/// are; usher quotes them this way.
+pub fn shown(s: &str, max: usize) -> String {
+    escape(s, max, true)
+}
+
 impl fmt::Display for PgError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -151,3 +210,52 @@ impl fmt::Display for PgError {
 }
 
 impl std::error::Error for PgError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fields of an encoded ErrorResponse, split at NULs.
+    fn fields(buf: &[u8]) -> Vec<&[u8]> {
+        let len = u32::from_be_bytes(buf[1..5].try_into().unwrap()) as usize;
+        assert_eq!(len + 1, buf.len(), "length matches");
+        assert_eq!(&buf[buf.len() - 2..], b"\0\0", "ends with the terminator");
+        buf[5..buf.len() - 1]
+            .split(|b| *b == 0)
+            .filter(|f| !f.is_empty())
+            .collect()
+    }
+
+    #[test]
+    fn control_characters_in_the_text_are_escaped() {
+        let mut buf = BytesMut::new();
+        PgError::error("42601", "bad\0command \x1b[2J")
+            .with_detail("line\nbreak\tand tab")
+            .encode(&mut buf);
+        let f = fields(&buf);
+        assert_eq!(f.len(), 5, "{f:?}");
+        assert_eq!(f[3], b"Mbad\\x00command \\x1b[2J");
+        assert_eq!(f[4], b"Dline\nbreak\tand tab");
+    }
+
+    #[test]
+    fn server_only_errors_are_not_sent() {
+        let mut buf = BytesMut::new();
+        let e = PgError::server_only("08P01", "invalid length of startup packet");
+        e.encode(&mut buf);
+        assert!(buf.is_empty());
+        assert!(e.is_server_only());
+    }
+
+    #[test]
+    fn shown_escapes_and_bounds_client_input() {
+        assert_eq!(shown("alice", 63), "alice");
+        assert_eq!(shown("a\nb\x7f\u{85}é", 63), "a\\x0ab\\x7f\\x85é");
+        assert_eq!(
+            shown(&"x".repeat(100), 10),
+            format!("{}...", "x".repeat(10))
+        );
+        // An escape is never cut in half.
+        assert_eq!(shown("abcdefgh\x01", 10), "abcdefgh...");
+    }
+}

@@ -70,6 +70,19 @@ pub fn authentication_sasl_final(buf: &mut BytesMut, data: &[u8]) {
     finish(buf, s);
 }
 
+/// NegotiateProtocolVersion ('v'): the newest version usher speaks (3.0, as
+/// PostgreSQL 15 sends it: the whole version number) and the `_pq_.`
+/// options it did not recognize.
+pub fn negotiate_protocol_version(buf: &mut BytesMut, options: &[String]) {
+    let s = begin(buf, b'v');
+    buf.put_u32(super::startup::PROTOCOL_3_0);
+    buf.put_u32(options.len() as u32);
+    for o in options {
+        put_cstr(buf, o);
+    }
+    finish(buf, s);
+}
+
 pub fn parameter_status(buf: &mut BytesMut, name: &str, value: &str) {
     let s = begin(buf, b'S');
     put_cstr(buf, name);
@@ -204,16 +217,29 @@ pub fn parse_parameter_status(body: &[u8]) -> Option<(String, String)> {
 }
 
 /// The SQLSTATE (field `C`) of an ErrorResponse or NoticeResponse body,
-/// without copying: fields are a type byte and a C string each, ended by a
-/// zero byte. `None` if the body has no `C` field or is cut short.
+/// without copying. `None` if the body has no `C` field or is cut short.
 pub fn error_code(body: &[u8]) -> Option<&[u8]> {
+    error_field(body, b'C')
+}
+
+/// True for the body of a FATAL or PANIC ErrorResponse: the server closes
+/// the connection after it.
+pub fn error_is_fatal(body: &[u8]) -> bool {
+    // `V` is never localized (protocol 3.0, PostgreSQL 9.6+); `S` may be.
+    let severity = error_field(body, b'V').or_else(|| error_field(body, b'S'));
+    matches!(severity, Some(b"FATAL" | b"PANIC"))
+}
+
+/// One field of an ErrorResponse or NoticeResponse body, without copying:
+/// fields are a type byte and a C string each, ended by a zero byte.
+fn error_field(body: &[u8], field: u8) -> Option<&[u8]> {
     let mut rest = body;
     while let Some((&kind, after)) = rest.split_first() {
         if kind == 0 {
             return None;
         }
         let end = after.iter().position(|b| *b == 0)?;
-        if kind == b'C' {
+        if kind == field {
             return Some(&after[..end]);
         }
         rest = &after[end + 1..];
@@ -235,6 +261,18 @@ mod tests {
         assert_eq!(error_code(b"SERROR\0VERROR\0Mno code\0\0"), None);
         assert_eq!(error_code(b"SERROR\0C4260"), None);
         assert_eq!(error_code(b""), None);
+        assert!(!error_is_fatal(&buf[5..]));
+        assert!(error_is_fatal(b"SFATAL\0VFATAL\0C57P01\0Mbye\0\0"));
+        assert!(error_is_fatal(b"SPANIK\0VPANIC\0\0"));
+        assert!(error_is_fatal(b"SFATAL\0C57P01\0\0"));
+        assert!(!error_is_fatal(b"SFATAL\0VERROR\0\0"));
+    }
+
+    #[test]
+    fn writes_negotiate_protocol_version() {
+        let mut buf = BytesMut::new();
+        negotiate_protocol_version(&mut buf, &["_pq_.a".into(), "_pq_.b".into()]);
+        assert_eq!(&buf[..], b"v\0\0\0\x1a\0\x03\0\0\0\0\0\x02_pq_.a\0_pq_.b\0");
     }
 
     #[tokio::test]

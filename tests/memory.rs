@@ -118,3 +118,113 @@ async fn an_idle_tls_client_costs_about_twice_as_much() {
     assert!(per_client < 24.0, "{per_client:.1} KB per idle TLS client");
     drop((warm, more));
 }
+
+/// Peak resident memory of a process so far, from /proc.
+fn peak_kb(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmHWM in /proc/pid/status")
+}
+
+/// One message, or `None` at the end of the stream.
+async fn try_read_message<S: tokio::io::AsyncRead + Unpin>(s: &mut S) -> Option<(u8, Vec<u8>)> {
+    use tokio::io::AsyncReadExt;
+    let tag = s.read_u8().await.ok()?;
+    let len = s.read_u32().await.ok()? as usize;
+    let mut body = vec![0; len.checked_sub(4)?];
+    s.read_exact(&mut body).await.ok()?;
+    Some((tag, body))
+}
+
+/// Clients that each send one named Parse of `size` bytes at once (in
+/// transaction mode usher must hold such a message whole); returns the
+/// SQLSTATEs they got (empty: answered).
+async fn send_large_parses(usher: &UsherProcess, clients: usize, size: usize) -> Vec<String> {
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let addr = ("127.0.0.1", usher.port);
+        tasks.push(tokio::spawn(async move {
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            s.write_all(&startup_packet(&[("user", "alice"), ("database", "app")]))
+                .await
+                .unwrap();
+            loop {
+                match try_read_message(&mut s).await {
+                    Some((b'Z', _)) => break,
+                    Some(_) => {}
+                    None => return "login: EOF".to_string(),
+                }
+            }
+            let (mut rd, mut wr) = s.into_split();
+            let writer = tokio::spawn(async move {
+                let mut head = vec![b'P'];
+                head.extend_from_slice(&((4 + size) as u32).to_be_bytes());
+                head.extend_from_slice(b"big\0SELECT '");
+                let _ = wr.write_all(&head).await;
+                let chunk = vec![b'x'; 64 * 1024];
+                let mut left = size - 12 - 4;
+                while left > 0 {
+                    let n = left.min(chunk.len());
+                    if wr.write_all(&chunk[..n]).await.is_err() {
+                        return;
+                    }
+                    left -= n;
+                }
+                let _ = wr.write_all(b"'\0\0\0S\0\0\0\x04").await;
+            });
+            let Some((tag, body)) = try_read_message(&mut rd).await else {
+                return "EOF".to_string();
+            };
+            writer.abort();
+            match tag {
+                b'E' => common::wire::error_fields(
+                    &[&[b'E'][..], &((body.len() + 4) as u32).to_be_bytes(), &body].concat(),
+                )
+                .map(|f| f[&'C'].clone())
+                .unwrap_or_default(),
+                _ => String::new(),
+            }
+        }));
+    }
+    let mut codes = Vec::new();
+    for t in tasks {
+        let code = t.await.unwrap();
+        if !code.is_empty() {
+            codes.push(code);
+        }
+    }
+    codes
+}
+
+/// What large messages can make usher hold: four clients sending a 150 MB
+/// named Parse each added 600 MB before max_buffered_message; now each is
+/// cut at 16 MiB, and many clients with messages under that limit are
+/// bounded together by max_buffered_total.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_held_messages_are_bounded_per_client_and_in_total() {
+    let pg = PgCluster::shared();
+    let usher = UsherProcess::start(
+        pg,
+        "pool_mode: transaction\npool_size: 2\nauth:\n  method: trust\nmax_buffered_total: 67108864\n",
+    );
+    let pid = usher.child.id();
+    let _warm = idle_clients(&usher, 10).await;
+    let before = peak_kb(pid);
+    let codes = send_large_parses(&usher, 4, 150 << 20).await;
+    let per_client = peak_kb(pid).saturating_sub(before) / 1024;
+    eprintln!("four 150 MB named Parses: peak +{per_client} MB, answers {codes:?}");
+    assert_eq!(codes, ["54000"; 4]);
+    assert!(per_client < 4 * 40, "peak grew by {per_client} MB");
+
+    let before = peak_kb(pid);
+    let codes = send_large_parses(&usher, 20, 15 << 20).await;
+    let total = peak_kb(pid).saturating_sub(before) / 1024;
+    let refused = codes.iter().filter(|c| *c == "53200").count();
+    eprintln!("twenty 15 MB named Parses under a 64 MB total: peak +{total} MB, {refused} refused with 53200");
+    assert!(refused > 0, "{codes:?}");
+    assert!(total < 160, "peak grew by {total} MB");
+}

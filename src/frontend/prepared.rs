@@ -21,32 +21,45 @@ use crate::backend::ServerConn;
 use crate::protocol::PgError;
 use bytes::{BufMut, Bytes, BytesMut};
 use dashmap::DashMap;
+use sha2::{Digest, Sha256};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A statement name no server connection ever holds.
 const ABSENT_STATEMENT: &str = "usher_absent";
 
+/// Distinct statements the registry remembers at most; past it, it starts
+/// over (statements already prepared keep their names; new Parses of the
+/// same text get new ones), so dynamic SQL cannot grow it without bound.
+const REGISTRY_LIMIT: usize = 100_000;
+
 /// Ids for distinct statements (query text + parameter types), shared by all
-/// clients so that identical statements share a server-side name.
+/// clients so that identical statements share a server-side name. Keyed by
+/// the SHA-256 of the definition, so an entry is small whatever the
+/// statement's size; the texts live only with the clients that prepared
+/// them.
 #[derive(Debug, Default)]
 pub struct StatementRegistry {
-    ids: DashMap<Bytes, u64>,
+    ids: DashMap<[u8; 32], u64>,
     next: AtomicU64,
 }
 
 impl StatementRegistry {
-    fn id_for(&self, definition: &Bytes) -> u64 {
-        if let Some(id) = self.ids.get(definition) {
+    fn id_for(&self, definition: &[u8]) -> u64 {
+        let key: [u8; 32] = Sha256::digest(definition).into();
+        if let Some(id) = self.ids.get(&key) {
             return *id;
+        }
+        if self.ids.len() >= REGISTRY_LIMIT {
+            self.ids.clear();
         }
         *self
             .ids
-            .entry(definition.clone())
+            .entry(key)
             .or_insert_with(|| self.next.fetch_add(1, Ordering::Relaxed) + 1)
     }
 
-    /// Distinct statements seen so far.
+    /// Distinct statements remembered now.
     pub fn len(&self) -> usize {
         self.ids.len()
     }

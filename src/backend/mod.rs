@@ -31,6 +31,10 @@ use tokio::net::TcpStream;
 
 static NEXT_SERVER_ID: AtomicU64 = AtomicU64::new(1);
 
+/// Ids of usher's named statements a server connection holds, least
+/// recently used first.
+pub type PreparedSet = lru::LruCache<u64, ()>;
+
 /// One session setting to apply to a server connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Setting {
@@ -94,7 +98,7 @@ pub struct ServerConn {
     /// Ids of usher's named statements prepared here, least recently used
     /// first (see frontend::prepared). Trimmed to the configured bound when
     /// the connection is next checked out.
-    pub prepared: lru::LruCache<u64, ()>,
+    pub prepared: PreparedSet,
     /// Client sessions this connection has served (session mode), so a
     /// session_start hook can tell a fresh connection from a reused one.
     pub sessions_served: u64,

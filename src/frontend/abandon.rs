@@ -17,12 +17,12 @@
 //!
 //! Both run in a task of their own, bounded by [`RECOVERY_TIMEOUT`].
 
-use super::prepared::ResponsePlan;
+use super::flow::{Flow, Note};
 use crate::backend::ServerConn;
 use crate::config::PoolMode;
 use crate::pool::{Checkout, Pool};
 use crate::protocol::frames::{FrameWalker, Visit};
-use crate::protocol::messages::parse_parameter_status;
+use crate::protocol::tags::frontend;
 use bytes::{BufMut, BytesMut};
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,20 +39,13 @@ pub(super) struct Abandoned {
     /// their message boundaries are.
     pub out_buf: BytesMut,
     pub out_walker: FrameWalker,
-    /// ReadyForQuery messages the server still owes.
-    pub pending: u32,
-    /// Extended-protocol messages went out after the last Sync.
-    pub unsynced: bool,
-    /// The server waits for COPY data.
-    pub copy_in: bool,
-    /// Transaction status of the last ReadyForQuery.
-    pub status: u8,
+    /// The session's flow: what the server still owes, COPY IN, the
+    /// transaction status, the prepared-statement answers owed.
+    pub flow: Flow,
     /// Only whole client messages went to the server.
     pub whole_messages: bool,
     /// The session ended abruptly (KILL): its state is not trusted.
     pub interrupted: bool,
-    /// Prepared-statement answers still owed (transaction mode rewriting).
-    pub plan: Option<ResponsePlan>,
 }
 
 /// Recovers `left` for `pool`, or closes it once its backend is gone.
@@ -83,7 +76,8 @@ pub(super) async fn recover(pool: Arc<Pool>, mode: PoolMode, mut left: Abandoned
                 "closing a server connection a client left busy"
             );
             let conn = &mut left.checkout.conn;
-            if left.pending > 0 || left.copy_in || left.unsynced {
+            let flow = &left.flow;
+            if flow.pending() > 0 || flow.copy_in() || flow.unsynced() {
                 cancel(conn).await;
             }
             let _ = tokio::time::timeout(RECOVERY_TIMEOUT, wait_for_close(conn)).await;
@@ -96,21 +90,18 @@ pub(super) async fn recover(pool: Arc<Pool>, mode: PoolMode, mut left: Abandoned
 /// transaction open.
 async fn salvage(left: &mut Abandoned) -> Result<(), &'static str> {
     let mut out = BytesMut::new();
-    if left.copy_in {
+    if left.flow.copy_in() {
         // CopyFail ends COPY FROM STDIN with an error (and its transaction).
-        out.put_u8(b'f');
+        out.put_u8(frontend::COPY_FAIL);
         let reason = b"client went away\0";
         out.put_u32(4 + reason.len() as u32);
         out.put_slice(reason);
-    } else if left.pending > 0 {
+    } else if left.flow.pending() > 0 {
         cancel(&mut left.checkout.conn).await;
     }
-    if left.unsynced {
-        out.put_slice(&[b'S', 0, 0, 0, 4]);
-        left.pending += 1;
-        if let Some(plan) = left.plan.as_mut() {
-            plan.sync_sent();
-        }
+    if left.flow.unsynced() {
+        out.put_slice(&[frontend::SYNC, 0, 0, 0, 4]);
+        left.flow.sync_added();
     }
     if !out.is_empty() {
         let conn = &mut left.checkout.conn;
@@ -119,11 +110,10 @@ async fn salvage(left: &mut Abandoned) -> Result<(), &'static str> {
             .await
             .map_err(|_| "write failed")?;
     }
-    let mut status = left.status;
-    while left.pending > 0 || !left.out_walker.at_boundary() {
-        status = drain_some(left).await?.unwrap_or(status);
+    while left.flow.pending() > 0 || !left.out_walker.at_boundary() {
+        drain_some(left).await?;
     }
-    if status != b'I' {
+    if !left.flow.idle() {
         // Inside a transaction block (or a failed one): roll it back.
         left.checkout
             .conn
@@ -134,10 +124,9 @@ async fn salvage(left: &mut Abandoned) -> Result<(), &'static str> {
     Ok(())
 }
 
-/// Reads what the server sent next and walks it, keeping the connection's
-/// own records (parameters, prepared statements) true. Returns the status
-/// of the last ReadyForQuery in it.
-async fn drain_some(left: &mut Abandoned) -> Result<Option<u8>, &'static str> {
+/// Reads what the server sent next and walks it through the flow, keeping
+/// the connection's own records (parameters, prepared statements) true.
+async fn drain_some(left: &mut Abandoned) -> Result<(), &'static str> {
     if left.out_buf.is_empty() {
         left.out_buf.reserve(16 * 1024);
         let n = left
@@ -152,52 +141,27 @@ async fn drain_some(left: &mut Abandoned) -> Result<Option<u8>, &'static str> {
         }
     }
     let conn: &mut ServerConn = &mut left.checkout.conn;
-    let plan = &mut left.plan;
-    let pending = &mut left.pending;
-    let mut status = None;
-    let mut copy_in = false;
+    let flow = &mut left.flow;
+    let mut parameters = Vec::new();
     let walked = left
         .out_walker
-        .walk(
-            &left.out_buf,
-            |tag, _| matches!(tag, b'Z' | b'S' | b'C'),
-            |tag, body| {
-                match tag {
-                    b'Z' => {
-                        *pending = pending.saturating_sub(1);
-                        status = body.first().copied();
-                        if let Some(plan) = plan.as_mut() {
-                            plan.ready(conn);
-                        }
-                    }
-                    b'S' => {
-                        if let Some((name, value)) = parse_parameter_status(body) {
-                            conn.params.insert(name, value);
-                        }
-                    }
-                    b'C' if body == b"DISCARD ALL\0" || body == b"DEALLOCATE ALL\0" => {
-                        conn.prepared.clear();
-                    }
-                    b'1' | b'3' => {
-                        if let Some(plan) = plan.as_mut() {
-                            plan.answer(tag, conn);
-                        }
-                    }
-                    b'G' => copy_in = true,
-                    _ => {}
-                }
-                Visit::Forward
-            },
-        )
+        .walk(&left.out_buf, Flow::server_wants_body, |tag, body| {
+            if let (_, Some(Note::Parameter { name, value })) =
+                flow.server_message(tag, body, &mut conn.prepared, false)
+            {
+                parameters.push((name, value));
+            }
+            Visit::Forward
+        })
         .map_err(|_| "bad message from the server")?;
+    conn.params.extend(parameters);
     let _ = left.out_buf.split_to(walked.forward);
-    if copy_in {
+    if left.flow.copy_in() {
         // A queued COPY FROM STDIN began after the cancel: end it too.
         return Err("a COPY began");
     }
-    Ok(status)
+    Ok(())
 }
-
 /// Sends a cancel request for whatever the connection runs.
 async fn cancel(conn: &mut ServerConn) {
     let target = conn.summary.cancel.clone();

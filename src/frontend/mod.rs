@@ -7,12 +7,14 @@
 //! - [`registry`]: connected clients by BackendKeyData, for cancel requests.
 //! - [`slots`]: login slots, in all and per address.
 //! - [`stream`]: the client's connection, plain or TLS.
+//! - [`flow`]: the forwarding decisions, without I/O (unit-tested).
 //! - [`budget`]: the memory all clients' read buffers may hold together.
 //! - [`abandon`]: a server connection its client left busy: cancelled,
 //!   drained and reused, or closed once its backend is gone.
 
 mod abandon;
 pub mod budget;
+pub mod flow;
 pub mod login;
 pub mod params;
 pub mod prepared;

@@ -17,7 +17,8 @@
 //! After an error the server skips to the next Sync, so answers still owed
 //! for an earlier Sync are forgotten at each ReadyForQuery.
 
-use crate::backend::ServerConn;
+use crate::backend::PreparedSet;
+use crate::protocol::tags::{backend, frontend, target};
 use crate::protocol::PgError;
 use bytes::{BufMut, Bytes, BytesMut};
 use dashmap::DashMap;
@@ -149,12 +150,12 @@ impl ResponsePlan {
     }
 
     /// ReadyForQuery: whatever was owed for that Sync will not come.
-    pub fn ready(&mut self, server: &mut ServerConn) {
+    pub fn ready(&mut self, prepared: &mut PreparedSet) {
         self.ready_seen += 1;
-        self.forget_stale(server);
+        self.forget_stale(prepared);
     }
 
-    fn forget_stale(&mut self, server: &mut ServerConn) {
+    fn forget_stale(&mut self, prepared: &mut PreparedSet) {
         while let Some(&(segment, e)) = self.owed.front() {
             if segment >= self.ready_seen {
                 break;
@@ -162,17 +163,19 @@ impl ResponsePlan {
             self.owed.pop_front();
             if let Expect::Prepared { id, .. } = e {
                 // Skipped after an error: the server does not have it.
-                server.prepared.pop(&id);
+                prepared.pop(&id);
             }
         }
     }
 
     /// The server sent ParseComplete ('1') or CloseComplete ('3').
-    pub fn answer(&mut self, tag: u8, server: &mut ServerConn) -> Answer {
-        self.forget_stale(server);
+    pub fn answer(&mut self, tag: u8, prepared: &mut PreparedSet) -> Answer {
+        self.forget_stale(prepared);
         match (tag, self.owed.pop_front().map(|(_, e)| e)) {
-            (b'1', Some(Expect::Prepared { forward: false, .. })) => Answer::Drop,
-            (b'3', Some(Expect::ParseAsClose)) => Answer::AsParseComplete,
+            (backend::PARSE_COMPLETE, Some(Expect::Prepared { forward: false, .. })) => {
+                Answer::Drop
+            }
+            (backend::CLOSE_COMPLETE, Some(Expect::ParseAsClose)) => Answer::AsParseComplete,
             (_, Some(_)) => Answer::Forward,
             (_, None) => {
                 tracing::warn!(tag = %(tag as char), "unexpected answer from server; passing it on");
@@ -186,16 +189,17 @@ impl ResponsePlan {
 /// `body` is the whole message body.
 pub fn needs_rewrite(tag: u8, body: &[u8]) -> bool {
     match tag {
-        b'P' => body.first().is_some_and(|b| *b != 0),
-        b'B' => {
+        frontend::PARSE => body.first().is_some_and(|b| *b != 0),
+        frontend::BIND => {
             // portal name, then statement name
             let Some(end) = body.iter().position(|b| *b == 0) else {
                 return false;
             };
             body.get(end + 1).is_some_and(|b| *b != 0)
         }
-        b'D' => body.first() == Some(&b'S') && body.get(1).is_some_and(|b| *b != 0),
-        b'C' => body.first() == Some(&b'S') && body.get(1).is_some_and(|b| *b != 0),
+        frontend::DESCRIBE | frontend::CLOSE => {
+            body.first() == Some(&target::STATEMENT) && body.get(1).is_some_and(|b| *b != 0)
+        }
         _ => false,
     }
 }
@@ -213,7 +217,7 @@ pub fn bind_names(head: &[u8]) -> Option<(&str, &str, usize)> {
 pub struct Rewriter<'a> {
     pub registry: &'a StatementRegistry,
     pub statements: &'a mut ClientStatements,
-    pub server: &'a mut ServerConn,
+    pub prepared: &'a mut PreparedSet,
     pub plan: &'a mut ResponsePlan,
 }
 
@@ -222,7 +226,7 @@ impl Rewriter<'_> {
     /// appending what to send to the server to `out`.
     pub fn rewrite(&mut self, tag: u8, body: &[u8], out: &mut BytesMut) -> Result<(), PgError> {
         match tag {
-            b'P' => {
+            frontend::PARSE => {
                 let (name, rest) = split_cstr(body)?;
                 let definition = Bytes::copy_from_slice(rest);
                 let id = self.registry.id_for(&definition);
@@ -233,33 +237,33 @@ impl Rewriter<'_> {
                         definition: definition.clone(),
                     },
                 );
-                if self.server.prepared.get(&id).is_some() {
+                if self.prepared.get(&id).is_some() {
                     put_close(out, ABSENT_STATEMENT);
                     self.plan.expect(Expect::ParseAsClose);
                 } else {
                     self.parse_on_server(id, &definition, true, out);
                 }
             }
-            b'B' => {
+            frontend::BIND => {
                 let (portal, rest) = split_cstr(body)?;
                 let (name, params) = split_cstr(rest)?;
                 self.rewrite_bind_head(portal, name, params.len(), out);
                 out.put_slice(params);
             }
-            b'D' => {
+            frontend::DESCRIBE => {
                 let (name, _) = split_cstr(&body[1..])?;
                 let name = self.prepare_if_needed(name, out);
-                let start = begin(out, b'D');
-                out.put_u8(b'S');
+                let start = begin(out, frontend::DESCRIBE);
+                out.put_u8(target::STATEMENT);
                 put_cstr(out, &name);
                 finish(out, start);
             }
-            b'C' => {
+            frontend::CLOSE => {
                 // The server never saw the client's name: closing it there is
                 // harmless and answers CloseComplete, as the client expects.
                 let (name, _) = split_cstr(&body[1..])?;
                 self.statements.by_name.remove(name);
-                let start = begin(out, b'C');
+                let start = begin(out, frontend::CLOSE);
                 out.put_slice(body);
                 finish(out, start);
                 self.plan.passed();
@@ -276,7 +280,7 @@ impl Rewriter<'_> {
     /// parameters need not be held: they stream after it.
     pub fn rewrite_bind_head(&mut self, portal: &str, name: &str, rest: usize, out: &mut BytesMut) {
         let name = self.prepare_if_needed(name, out);
-        out.put_u8(b'B');
+        out.put_u8(frontend::BIND);
         out.put_u32((4 + portal.len() + 1 + name.len() + 1 + rest) as u32);
         put_cstr(out, portal);
         put_cstr(out, &name);
@@ -289,18 +293,18 @@ impl Rewriter<'_> {
         let Some(stmt) = self.statements.by_name.get(name).cloned() else {
             return name.to_string();
         };
-        if self.server.prepared.get(&stmt.id).is_none() {
+        if self.prepared.get(&stmt.id).is_none() {
             self.parse_on_server(stmt.id, &stmt.definition, false, out);
         }
         server_name(stmt.id)
     }
 
     fn parse_on_server(&mut self, id: u64, definition: &[u8], forward: bool, out: &mut BytesMut) {
-        let start = begin(out, b'P');
+        let start = begin(out, frontend::PARSE);
         put_cstr(out, &server_name(id));
         out.put_slice(definition);
         finish(out, start);
-        self.server.prepared.put(id, ());
+        self.prepared.put(id, ());
         self.plan.expect(Expect::Prepared { id, forward });
     }
 }
@@ -333,8 +337,8 @@ fn put_cstr(out: &mut BytesMut, s: &str) {
 }
 
 fn put_close(out: &mut BytesMut, name: &str) {
-    let start = begin(out, b'C');
-    out.put_u8(b'S');
+    let start = begin(out, frontend::CLOSE);
+    out.put_u8(target::STATEMENT);
     put_cstr(out, name);
     finish(out, start);
 }

@@ -15,8 +15,9 @@
 use super::abandon::{self, Abandoned};
 use super::budget;
 use super::close_with_error;
+use super::flow::{ClientStep, Flow, Note, ServerStep};
 use super::params::SessionParams;
-use super::prepared::{self, Answer, ClientStatements, ResponsePlan, Rewriter};
+use super::prepared::{self, ClientStatements, Rewriter};
 use super::registry::{ClientHandle, Registration};
 use super::stream::ClientStream;
 use crate::app::App;
@@ -26,7 +27,8 @@ use crate::metrics::{self, ErrorSource};
 use crate::pool::{Checkout, Pool};
 use crate::protocol::error::sqlstate;
 use crate::protocol::frames::{FrameWalker, Visit};
-use crate::protocol::messages::{self, parse_parameter_status};
+use crate::protocol::messages;
+use crate::protocol::tags::{backend, frontend};
 use crate::protocol::PgError;
 use bytes::{Buf, BytesMut};
 use std::collections::HashMap;
@@ -38,9 +40,6 @@ use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Read buffers grow from this size; they are freed while the client is idle.
 const BUFFER_SIZE: usize = 16 * 1024;
-
-/// Server ErrorResponses up to this size are read whole for their SQLSTATE.
-const ERROR_BODY_LIMIT: usize = 64 * 1024;
 
 /// A logged-in client and what its session wants.
 pub struct Session {
@@ -83,21 +82,16 @@ enum End {
     ServerFatal,
 }
 
-/// The forwarding state of one client: the server connection it holds, the
-/// buffers and walkers of both directions, and what the server still owes.
+/// The forwarding state of one client (its "link" to a server): the server
+/// connection it holds, the buffers and walkers of both directions, and
+/// the [`Flow`] that decides what happens to each message.
 struct Link {
     held: Option<Checkout>,
     /// When the held server connection was checked out.
     lent_at: Instant,
-    /// The client's DISCARD ALL completed; session_start runs again once
-    /// nothing is in flight.
-    discarded: bool,
-    /// A FATAL from the server was forwarded: its end is no news.
-    server_fatal: bool,
     /// The server connection failed or was closed by the server.
     server_gone: bool,
     flow: Flow,
-    plan: ResponsePlan,
     in_buf: BytesMut,
     out_buf: BytesMut,
     /// Client bytes forwarded but not yet written to the server. The serve
@@ -108,42 +102,6 @@ struct Link {
     to_server: BytesMut,
     in_walker: FrameWalker,
     out_walker: FrameWalker,
-}
-
-/// Where the conversation with the server stands, from the messages seen.
-#[derive(Debug)]
-struct Flow {
-    /// Sync/Query/FunctionCall messages sent whose ReadyForQuery has not come.
-    pending: u32,
-    /// Extended-protocol messages sent since the last Sync.
-    unsynced: bool,
-    /// Transaction status of the last ReadyForQuery ('I', 'T' or 'E').
-    status: u8,
-    /// The server asked for COPY data (CopyInResponse) and waits for the
-    /// client's CopyDone or CopyFail.
-    copy_in: bool,
-}
-
-impl Flow {
-    fn new() -> Self {
-        Flow {
-            pending: 0,
-            unsynced: false,
-            status: b'I',
-            copy_in: false,
-        }
-    }
-
-    /// Nothing is in flight: the server owes the client nothing.
-    fn quiet(&self) -> bool {
-        self.pending == 0 && !self.unsynced
-    }
-
-    /// The server waits for the client (it owes no answer, or it waits for
-    /// COPY data): a held server connection is then the client's doing.
-    fn waiting_for_client(&self) -> bool {
-        self.pending == 0 || self.copy_in
-    }
 }
 
 impl Session {
@@ -190,11 +148,8 @@ impl Session {
         let mut link = Link {
             held: None,
             lent_at: Instant::now(),
-            discarded: false,
-            server_fatal: false,
             server_gone: false,
-            flow: Flow::new(),
-            plan: ResponsePlan::default(),
+            flow: Flow::new(self.mode, self.rewriting),
             in_buf: BytesMut::new(),
             out_buf: BytesMut::new(),
             to_server: BytesMut::new(),
@@ -227,7 +182,7 @@ impl Session {
             self.pool.stats.client_active(-1);
             let clean = !interrupted
                 && link.flow.quiet()
-                && link.flow.status == b'I'
+                && link.flow.idle()
                 && link.out_buf.is_empty()
                 && link.to_server.is_empty();
             match (clean, self.mode) {
@@ -242,13 +197,9 @@ impl Session {
                         checkout,
                         out_buf: std::mem::take(&mut link.out_buf),
                         out_walker: std::mem::replace(&mut link.out_walker, FrameWalker::new(0)),
-                        pending: link.flow.pending,
-                        unsynced: link.flow.unsynced,
-                        copy_in: link.flow.copy_in,
-                        status: link.flow.status,
+                        flow: std::mem::replace(&mut link.flow, Flow::new(mode, false)),
                         whole_messages: link.in_walker.at_boundary() && link.to_server.is_empty(),
                         interrupted,
-                        plan: self.rewriting.then(|| std::mem::take(&mut link.plan)),
                     };
                     tokio::spawn(abandon::recover(self.pool.clone(), mode, left));
                 }
@@ -297,7 +248,7 @@ impl Session {
             let between_messages =
                 link.flow.quiet() && link.in_walker.at_boundary() && link.to_server.is_empty();
             // A client may be ended by shutdown only between transactions.
-            let idle = link.held.is_none() || (between_messages && link.flow.status == b'I');
+            let idle = link.held.is_none() || (between_messages && link.flow.idle());
             if idle && *shutdown.borrow() {
                 return End::Shutdown;
             }
@@ -320,7 +271,7 @@ impl Session {
             // with an unsynced pipeline, in COPY IN) gets
             // idle_transaction_timeout, so it cannot keep a server forever.
             let idle_limit = if link.held.is_none()
-                || (between_messages && link.flow.status == b'I' && self.mode == PoolMode::Session)
+                || (between_messages && link.flow.idle() && self.mode == PoolMode::Session)
             {
                 pool.settings()
                     .client_idle_timeout
@@ -378,7 +329,7 @@ impl Session {
                         // Nothing is left to cancel or recover on it.
                         link.server_gone = true;
                         return match gone {
-                            _ if link.server_fatal => End::ServerFatal,
+                            _ if link.flow.server_fatal() => End::ServerFatal,
                             Err(e) => End::Error(server_lost(&e.to_string())),
                             _ => End::Error(server_lost("server closed the connection unexpectedly")),
                         };
@@ -394,13 +345,13 @@ impl Session {
             if let Err(end) = result {
                 return end;
             }
-            if link.discarded
+            if link.flow.discarded()
                 && link.flow.quiet()
                 && link.in_walker.at_boundary()
                 && link.to_server.is_empty()
             {
                 // The client's DISCARD ALL completed: its session begins anew.
-                link.discarded = false;
+                link.flow.take_discarded();
                 // Boxed, like every rare step here: the serve future is
                 // what an idle client costs, and it is as large as its
                 // largest step.
@@ -518,7 +469,7 @@ impl Session {
 
     /// Forwards what the client sent: streams it through, rewriting messages
     /// that name prepared statements, and borrows a server connection first
-    /// if none is held.
+    /// if none is held. What to do with each message is the flow's call.
     async fn forward_client_data(
         &mut self,
         client: &mut ClientStream,
@@ -529,62 +480,25 @@ impl Session {
         let stats = &pool.stats;
         loop {
             let mut stopped_at = None;
-            let mut queries = 0;
             let flow = &mut link.flow;
-            let plan = &mut link.plan;
             let walked = link
                 .in_walker
                 .walk_peeking(
                     &link.in_buf,
-                    // Held whole: named Parses (their text is the shared
-                    // statement's key), Describe and Close (small). A Bind
-                    // is never held: its names are read from its head and
-                    // its parameters stream.
-                    |tag, _, head| match tag {
-                        _ if !rewriting => Some(false),
-                        b'P' => head.first().map(|b| *b != 0),
-                        b'B' => prepared::bind_names(head).map(|_| false),
-                        b'D' | b'C' => Some(true),
-                        _ => Some(false),
-                    },
-                    |tag, body| match tag {
-                        b'X' => {
-                            stopped_at = Some(tag);
+                    |tag, _, head| Flow::client_wants_body(rewriting, tag, head),
+                    |tag, body| match flow.client_message(tag, body) {
+                        ClientStep::Forward => Visit::Forward,
+                        step => {
+                            stopped_at = Some((tag, step));
                             Visit::StopBefore
-                        }
-                        b'Q' | b'S' | b'F' => {
-                            queries += u64::from(tag == b'Q');
-                            flow.pending += 1;
-                            flow.unsynced = false;
-                            plan.sync_sent();
-                            Visit::Forward
-                        }
-                        b'c' | b'f' => {
-                            flow.copy_in = false;
-                            Visit::Forward
-                        }
-                        b'H' | b'd' => Visit::Forward,
-                        b'P' | b'B' | b'D' | b'C'
-                            if rewriting && prepared::needs_rewrite(tag, body) =>
-                        {
-                            stopped_at = Some(tag);
-                            Visit::StopBefore
-                        }
-                        _ => {
-                            flow.unsynced = true;
-                            queries += u64::from(tag == b'E');
-                            if rewriting && matches!(tag, b'P' | b'C') {
-                                plan.passed(); // its ParseComplete/CloseComplete goes to the client
-                            }
-                            Visit::Forward
                         }
                     },
                 )
                 .map_err(End::Error)?;
-            stats.queries(queries);
+            stats.queries(link.flow.take_queries());
             stats.received(walked.forward as u64);
             self.received += walked.forward as u64;
-            let rewrite = stopped_at.filter(|t| *t != b'X');
+            let rewrite = stopped_at.filter(|(_, step)| *step == ClientStep::Rewrite);
             if (walked.forward > 0 || rewrite.is_some()) && link.held.is_none() {
                 // Boxed (one allocation per transaction): checkout, the
                 // parameter sync and session mode's hooks make a future of
@@ -603,22 +517,22 @@ impl Session {
             }
             match stopped_at {
                 None => return Ok(()),
-                Some(b'X') => return Err(End::ClientLeft),
-                Some(tag) => {
+                Some((_, ClientStep::Terminate)) => return Err(End::ClientLeft),
+                Some((tag, _)) => {
                     let len = u32::from_be_bytes(link.in_buf[1..5].try_into().unwrap()) as usize;
                     let checkout = link.held.as_mut().expect("a server connection is held");
                     let mut rewriter = Rewriter {
                         registry: &self.app.statements,
                         statements: &mut self.statements,
-                        server: &mut checkout.conn,
-                        plan: &mut link.plan,
+                        prepared: &mut checkout.conn.prepared,
+                        plan: link.flow.plan_mut(),
                     };
-                    let taken = if tag == b'B' {
+                    let taken = if tag == frontend::BIND {
                         // Only the Bind's head is in: rewrite it, and let
                         // the parameters stream after it.
                         let (portal, name, head) = prepared::bind_names(&link.in_buf[5..])
                             .map(|(p, n, h)| (p.to_string(), n.to_string(), h))
-                            .expect("the visitor saw the Bind's names");
+                            .expect("the flow saw the Bind's names");
                         let mut out = BytesMut::with_capacity(64);
                         rewriter.rewrite_bind_head(&portal, &name, len - 4 - head, &mut out);
                         let _ = link.in_buf.split_to(5 + head);
@@ -635,8 +549,8 @@ impl Session {
                         queue_for_server(&mut link.to_server, out);
                         message.len()
                     };
+                    link.flow.rewritten();
                     self.handle.set_prepared(self.statements.len());
-                    link.flow.unsynced = true;
                     stats.received(taken as u64);
                     self.received += taken as u64;
                 }
@@ -644,110 +558,48 @@ impl Session {
         }
     }
 
-    /// Forwards what the server sent, noting transaction status and
-    /// parameters, answering for rewritten prepared statements, and releasing
-    /// the server connection when the transaction is over (transaction mode).
+    /// Forwards what the server sent, recording what the flow notes
+    /// (parameters, dropped statements, errors), answering for rewritten
+    /// prepared statements, and releasing the server connection when the
+    /// flow says the transaction is over (transaction mode).
     async fn forward_server_data(
         &mut self,
         client: &mut ClientStream,
         link: &mut Link,
     ) -> Result<(), End> {
-        let mode = self.mode;
-        let rewriting = self.rewriting;
         // Released only with nothing of the client's half-read or queued.
         let at_boundary = link.in_walker.at_boundary() && link.to_server.is_empty();
         loop {
             let mut answer = None;
-            let mut discarded = false;
-            let mut fatal = false;
-            let stats = &self.pool.stats;
+            let mut release = false;
+            let mut notes = Vec::new();
             let flow = &mut link.flow;
-            let plan = &mut link.plan;
-            let params = &mut self.params;
-            let statements = &mut self.statements;
-            let defaults = &self.defaults;
             let server = &mut link
                 .held
                 .as_mut()
                 .expect("a server connection is held")
                 .conn;
+            let prepared = &mut server.prepared;
             let walked = link
                 .out_walker
-                .walk(
-                    &link.out_buf,
-                    // ErrorResponses are read for their SQLSTATE (metrics);
-                    // an unusually large one streams and counts as "other".
-                    |tag, len| {
-                        matches!(tag, b'Z' | b'S' | b'C' | b'1' | b'3')
-                            || (tag == b'E' && len <= ERROR_BODY_LIMIT)
-                    },
-                    |tag, body| match tag {
-                        b'G' => {
-                            flow.copy_in = true;
-                            Visit::Forward
+                .walk(&link.out_buf, Flow::server_wants_body, |tag, body| {
+                    let (step, note) = flow.server_message(tag, body, prepared, at_boundary);
+                    notes.extend(note);
+                    match step {
+                        ServerStep::Forward => Visit::Forward,
+                        ServerStep::ForwardThenRelease => {
+                            release = true;
+                            Visit::StopAfter
                         }
-                        b'Z' => {
-                            flow.copy_in = false;
-                            flow.pending = flow.pending.saturating_sub(1);
-                            flow.status = body.first().copied().unwrap_or(b'I');
-                            if rewriting {
-                                plan.ready(server);
-                            }
-                            if flow.status == b'I' && flow.pending == 0 {
-                                stats.transaction_done();
-                            }
-                            if mode == PoolMode::Transaction
-                                && flow.status == b'I'
-                                && flow.quiet()
-                                && at_boundary
-                            {
-                                Visit::StopAfter
-                            } else {
-                                Visit::Forward
-                            }
+                        other => {
+                            answer = Some(other);
+                            Visit::StopBefore
                         }
-                        b'S' => {
-                            if let Some((name, value)) = parse_parameter_status(body) {
-                                params.observe(&name, &value);
-                                server.params.insert(name, value);
-                            }
-                            Visit::Forward
-                        }
-                        b'C' => {
-                            if body == b"DISCARD ALL\0" || body == b"DEALLOCATE ALL\0" {
-                                // The server dropped its statements (and, for
-                                // DISCARD ALL, usher's settings of unreported
-                                // parameters); the client dropped its names.
-                                server.prepared.clear();
-                                statements.clear();
-                                if body == b"DISCARD ALL\0" {
-                                    server.params.retain(|k, _| defaults.contains_key(k));
-                                    discarded = true;
-                                }
-                            }
-                            Visit::Forward
-                        }
-                        b'1' | b'3' if rewriting => match plan.answer(tag, server) {
-                            Answer::Forward => Visit::Forward,
-                            other => {
-                                answer = Some(other);
-                                Visit::StopBefore
-                            }
-                        },
-                        b'E' => {
-                            let code = messages::error_code(body).unwrap_or_default();
-                            metrics::count_error(ErrorSource::Server, code);
-                            fatal |= messages::error_is_fatal(body);
-                            Visit::Forward
-                        }
-                        _ => Visit::Forward,
-                    },
-                )
+                    }
+                })
                 .map_err(|e| End::Error(server_lost(&e.message)))?;
-            link.discarded |= discarded;
-            link.server_fatal |= fatal;
-            if discarded && rewriting {
-                self.handle.set_prepared(0);
+            for note in notes {
+                self.record(note, server);
             }
             if walked.forward > 0 {
                 let chunk = link.out_buf.split_to(walked.forward);
@@ -759,21 +611,47 @@ impl Session {
                     .map_err(|_| End::ClientLeft)?;
             }
             match answer {
-                Some(a) => {
-                    link.out_buf.advance(5); // ParseComplete/CloseComplete: no body
-                    if a == Answer::AsParseComplete {
+                Some(step) => {
+                    // ParseComplete/CloseComplete: no body.
+                    link.out_buf.advance(5);
+                    if step == ServerStep::SendParseComplete {
                         client
-                            .write_all(&[b'1', 0, 0, 0, 4])
+                            .write_all(&[backend::PARSE_COMPLETE, 0, 0, 0, 4])
                             .await
                             .map_err(|_| End::ClientLeft)?;
                     }
                 }
-                None if walked.stopped => {
+                None if release => {
                     self.end_transaction(client, link).await;
                     return Ok(());
                 }
                 None => return Ok(()),
             }
+        }
+    }
+
+    /// Keeps what a server message told: the session's and the server
+    /// connection's parameters, statements both sides dropped, errors
+    /// counted, transactions counted.
+    fn record(&mut self, note: Note, server: &mut crate::backend::ServerConn) {
+        match note {
+            Note::Parameter { name, value } => {
+                self.params.observe(&name, &value);
+                server.params.insert(name, value);
+            }
+            Note::StatementsDropped { discard_all } => {
+                // The client dropped its names with the server's.
+                self.statements.clear();
+                if self.rewriting {
+                    self.handle.set_prepared(0);
+                }
+                if discard_all {
+                    // usher's settings of unreported parameters are gone.
+                    server.params.retain(|k, _| self.defaults.contains_key(k));
+                }
+            }
+            Note::Error { code } => metrics::count_error(ErrorSource::Server, &code),
+            Note::TransactionDone => self.pool.stats.transaction_done(),
         }
     }
 
@@ -796,7 +674,7 @@ impl Session {
         self.pool.stats.transaction_time(lent);
         link.out_buf = BytesMut::new();
         link.out_walker = FrameWalker::new(usize::MAX >> 1);
-        link.plan = ResponsePlan::default();
+        link.flow.released();
     }
 
     /// Borrows a server connection and brings it in line with the session:

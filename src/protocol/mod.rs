@@ -8,6 +8,7 @@
 //! - [`error`]: PostgreSQL-style errors with SQLSTATEs.
 //! - [`scram`]: the server side of SCRAM-SHA-256.
 //! - [`scram_client`]: the client side from keys (SCRAM pass-through).
+//! - [`tags`]: the protocol's one-byte codes, named.
 
 pub mod error;
 pub mod frames;
@@ -15,5 +16,6 @@ pub mod messages;
 pub mod scram;
 pub mod scram_client;
 pub mod startup;
+pub mod tags;
 
 pub use error::{PgError, Severity};

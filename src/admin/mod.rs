@@ -15,6 +15,7 @@ use crate::frontend::stream::ClientStream;
 use crate::hooks::builtin::{AuthMonitor, Table};
 use crate::protocol::error::{shown, sqlstate};
 use crate::protocol::messages::{self, read_message};
+use crate::protocol::tags::{frontend, status};
 use crate::protocol::PgError;
 use bytes::BytesMut;
 use std::sync::Arc;
@@ -77,7 +78,7 @@ impl Console {
             messages::parameter_status(&mut out, k, v);
         }
         messages::backend_key_data(&mut out, 0, 0);
-        messages::ready_for_query(&mut out, b'I');
+        messages::ready_for_query(&mut out, status::IDLE);
         stream
             .write_all(&out)
             .await
@@ -137,8 +138,8 @@ impl Console {
             };
             let mut out = BytesMut::new();
             match msg.tag {
-                b'X' => return,
-                b'Q' => {
+                frontend::TERMINATE => return,
+                frontend::QUERY => {
                     let result = match query_text(&msg.body) {
                         Ok(sql) => self.run(sql).await,
                         Err(e) => Err(e),
@@ -150,7 +151,7 @@ impl Console {
                             e.encode(&mut out)
                         }
                     }
-                    messages::ready_for_query(&mut out, b'I');
+                    messages::ready_for_query(&mut out, status::IDLE);
                 }
                 _ => {
                     let e = PgError::fatal(

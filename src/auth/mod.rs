@@ -26,6 +26,7 @@ use crate::config::AuthMethod;
 use crate::protocol::error::sqlstate;
 use crate::protocol::messages::{self, MAX_LOGIN_MESSAGE};
 use crate::protocol::scram::{ScramError, ScramServer, ScramVerifier};
+use crate::protocol::tags::frontend;
 use crate::protocol::PgError;
 use bytes::BytesMut;
 use rand::RngCore;
@@ -289,7 +290,7 @@ async fn read_auth_message<S: AsyncRead + Unpin>(
     stream: &mut S,
 ) -> Result<bytes::Bytes, AuthFailure> {
     match messages::read_message(stream, MAX_LOGIN_MESSAGE).await {
-        Ok(Some(m)) if m.tag == b'p' => Ok(m.body),
+        Ok(Some(m)) if m.tag == frontend::AUTH_RESPONSE => Ok(m.body),
         Ok(Some(m)) => Err(AuthFailure::protocol(PgError::protocol(format!(
             "expected password response, got message type '{}'",
             messages::printable(m.tag)

@@ -16,6 +16,7 @@ pub use credential::{ServerCredential, SharedCredential};
 pub use stream::ServerStream;
 
 use crate::protocol::error::sqlstate;
+use crate::protocol::tags::field;
 use crate::protocol::PgError;
 use bytes::BytesMut;
 use fallible_iterator::FallibleIterator;
@@ -286,13 +287,13 @@ pub(crate) fn error_from_fields(mut fields: ErrorFields<'_>) -> PgError {
     while let Ok(Some(f)) = fields.next() {
         let value = String::from_utf8_lossy(f.value_bytes()).into_owned();
         match f.type_() {
-            b'S' if value == "FATAL" || value == "PANIC" => {
+            field::SEVERITY if value == "FATAL" || value == "PANIC" => {
                 e.severity = crate::protocol::Severity::Fatal
             }
-            b'C' => e.code = value,
-            b'M' => e.message = value,
-            b'D' => e.detail = Some(value),
-            b'H' => e.hint = Some(value),
+            field::CODE => e.code = value,
+            field::MESSAGE => e.message = value,
+            field::DETAIL => e.detail = Some(value),
+            field::HINT => e.hint = Some(value),
             _ => {}
         }
     }

@@ -4,6 +4,7 @@
 
 use crate::config::ServerTlsMode;
 use crate::protocol::error::sqlstate;
+use crate::protocol::tags::encryption;
 use crate::protocol::PgError;
 use crate::tls::{ServerTls, WriteThrough};
 use std::io;
@@ -47,9 +48,11 @@ pub async fn open(host: &str, port: u16, tls: &ServerTls) -> Result<ServerStream
         ))
     })?;
     match answer {
-        b'S' => {}
-        b'N' if tls.mode == ServerTlsMode::Prefer => return Ok(ServerStream::Plain(tcp)),
-        b'N' => {
+        encryption::ACCEPT => {}
+        encryption::REFUSE if tls.mode == ServerTlsMode::Prefer => {
+            return Ok(ServerStream::Plain(tcp))
+        }
+        encryption::REFUSE => {
             return Err(failed(format!(
                 "server {host}:{port} does not support SSL, but tls is {}",
                 tls.mode

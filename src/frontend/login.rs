@@ -26,6 +26,7 @@ use crate::protocol::scram_client::ScramKeys;
 use crate::protocol::startup::{
     old_format_error, read_startup, unsupported_version, StartupPacket, GSSENC_REQUEST, SSL_REQUEST,
 };
+use crate::protocol::tags::status;
 use crate::protocol::PgError;
 use bytes::BytesMut;
 use std::net::SocketAddr;
@@ -370,7 +371,7 @@ async fn login(
     for n in notices {
         PgError::notice(n).encode(&mut out);
     }
-    messages::ready_for_query(&mut out, b'I');
+    messages::ready_for_query(&mut out, status::IDLE);
     stream
         .write_all(&out)
         .await

@@ -16,7 +16,7 @@ pub mod frontend {
     pub const FUNCTION_CALL: u8 = b'F';
     pub const PARSE: u8 = b'P';
     /// PasswordMessage, SASLInitialResponse and SASLResponse share it.
-    pub const PASSWORD: u8 = b'p';
+    pub const AUTH_RESPONSE: u8 = b'p';
     pub const QUERY: u8 = b'Q';
     pub const SYNC: u8 = b'S';
     pub const TERMINATE: u8 = b'X';

@@ -94,7 +94,12 @@ target/release/examples/soak_client --addr "127.0.0.1:$USHER_PORT" \
   --usher-pid "$USHER_PID" --deadline-secs "$DEADLINE" || status=$?
 
 echo
-if ! kill -0 "$USHER_PID" 2>/dev/null; then
+if kill -0 "$USHER_PID" 2>/dev/null; then
+  # What usher still holds with no client left: its pool's idle server
+  # connections (up to POOL_SIZE) and a few fixed descriptors; more is a leak.
+  servers=$(ss -Htn state established "( dport = :$PGPORT )" | wc -l)
+  echo "usher after the clients left: $(ls "/proc/$USHER_PID/fd" | wc -l) descriptors, $servers of them server connections"
+else
   echo "usher is gone (exited during the run)"; status=1
 fi
 if grep -q panicked "$work/usher.log"; then

@@ -87,7 +87,11 @@ const PHASES: [&str; 6] = ["connect", "idle", "active", "storm", "check", "close
 #[derive(Debug)]
 enum Fail {
     /// An ErrorResponse: SQLSTATE, FATAL (the connection is gone) or not.
-    Error { code: String, fatal: bool },
+    Error {
+        code: String,
+        fatal: bool,
+        message: String,
+    },
     /// Closed, reset or garbled without an ErrorResponse.
     Lost(String),
     Hung,
@@ -115,6 +119,8 @@ struct Stats {
     phases: Mutex<Vec<PhaseStats>>,
     current: AtomicUsize,
     examples: Mutex<Vec<String>>,
+    /// The first message seen for each SQLSTATE.
+    messages: Mutex<BTreeMap<String, String>>,
 }
 
 impl Stats {
@@ -127,10 +133,20 @@ impl Stats {
                 p.ok += 1;
                 None
             }
-            Err(Fail::Error { code, fatal }) => {
+            Err(Fail::Error {
+                code,
+                fatal,
+                message,
+            }) => {
                 let key = if *fatal { format!("{code}!") } else { code.clone() };
-                *p.errors.entry(key).or_default() += 1;
-                None
+                *p.errors.entry(key.clone()).or_default() += 1;
+                drop(phases);
+                self.messages
+                    .lock()
+                    .unwrap()
+                    .entry(key)
+                    .or_insert_with(|| message.clone());
+                return;
             }
             Err(Fail::Lost(why)) => {
                 p.lost += 1;
@@ -339,6 +355,7 @@ fn lost(why: &str) -> Fail {
 fn error_of(body: &postgres_protocol::message::backend::ErrorResponseBody) -> Fail {
     let mut code = String::from("?????");
     let mut severity = String::new();
+    let mut message = String::new();
     let mut fields = body.fields();
     while let Ok(Some(f)) = fields.next() {
         let value = String::from_utf8_lossy(f.value_bytes()).into_owned();
@@ -346,12 +363,14 @@ fn error_of(body: &postgres_protocol::message::backend::ErrorResponseBody) -> Fa
             b'C' => code = value,
             b'V' => severity = value,
             b'S' if severity.is_empty() => severity = value,
+            b'M' => message = value,
             _ => {}
         }
     }
     Fail::Error {
         code,
         fatal: severity == "FATAL" || severity == "PANIC",
+        message,
     }
 }
 
@@ -503,6 +522,7 @@ async fn main() {
         phases: Mutex::new((0..PHASES.len()).map(|_| PhaseStats::default()).collect()),
         current: AtomicUsize::new(0),
         examples: Mutex::new(Vec::new()),
+        messages: Mutex::new(BTreeMap::new()),
     });
     let proc = args.usher_pid.map(|pid| {
         // SAFETY: sysconf has no preconditions.
@@ -716,9 +736,9 @@ async fn main() {
     // report
     let phases = stats.phases.lock().unwrap();
     println!(
-        "| phase   | clients | secs | ok | errors by SQLSTATE (! = FATAL) | lost | hung | wrong | peak RSS MB | peak fds | usher CPU s |"
+        "| phase | clients | secs | logins | ok | errors by SQLSTATE (! = FATAL) | lost | hung | wrong | peak RSS MB | peak fds | usher CPU s |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut bad = 0;
     for (i, p) in phases.iter().enumerate() {
         let errors = if p.errors.is_empty() {
@@ -732,10 +752,11 @@ async fn main() {
         };
         bad += p.lost + p.hung + p.wrong;
         println!(
-            "| {} | {} | {:.1} | {} | {} | {} | {} | {} | {:.0} | {} | {:.1} |",
+            "| {} | {} | {:.1} | {} | {} | {} | {} | {} | {} | {:.0} | {} | {:.1} |",
             PHASES[i],
             p.clients,
             p.secs,
+            p.logins,
             p.ok,
             errors,
             p.lost,
@@ -758,6 +779,9 @@ async fn main() {
             rss_after as f64 / 1024.0,
             phases[5].cpu_end - phases[0].cpu_start
         );
+    }
+    for (code, message) in stats.messages.lock().unwrap().iter() {
+        println!("error {code}: {message}");
     }
     let examples = stats.examples.lock().unwrap();
     for e in examples.iter() {

@@ -25,7 +25,9 @@
 # STORM_ACTIVE (held clients working through the storm), EVENTS (restarts
 # and reloads in turn), POOL_SIZE, AUTH (usher's auth.method for clients:
 # md5 by default, as SCRAM's key derivation would make the driver the
-# bottleneck; scram-sha-256 works too), QUERY_WAIT_TIMEOUT, DEADLINE.
+# bottleneck; scram-sha-256 works too), QUERY_WAIT_TIMEOUT, DEADLINE,
+# ROUNDS (the whole run again against the same usher: memory and
+# descriptors after each round show whether anything accumulates).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/pg-env.sh
@@ -41,6 +43,7 @@ EVENTS=${EVENTS:-6}
 POOL_SIZE=${POOL_SIZE:-20}
 AUTH=${AUTH:-md5}
 QUERY_WAIT_TIMEOUT=${QUERY_WAIT_TIMEOUT:-30}
+ROUNDS=${ROUNDS:-1}
 DEADLINE=${DEADLINE:-$((QUERY_WAIT_TIMEOUT + 30))}
 
 # Descriptors: usher holds one per client (plus servers, listeners, logs),
@@ -87,21 +90,23 @@ echo "soak: $CLIENTS clients, idle ${IDLE}s, $ACTIVE_TXNS transactions each at o
 echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr), PostgreSQL $("$BIN/postgres" --version | awk '{print $3}'), $(date -u +%Y-%m-%d)"
 echo
 status=0
-target/release/examples/soak_client --addr "127.0.0.1:$USHER_PORT" \
-  --clients "$CLIENTS" --idle-secs "$IDLE" --active-txns "$ACTIVE_TXNS" \
-  --storm-secs "$DURATION" --storm-workers "$STORM_WORKERS" --storm-active "$STORM_ACTIVE" \
-  --events "$EVENTS" --restart-cmd "$work/restart.sh" --reload-cmd "$work/reload.sh" \
-  --usher-pid "$USHER_PID" --deadline-secs "$DEADLINE" || status=$?
-
-echo
-if kill -0 "$USHER_PID" 2>/dev/null; then
+for round in $(seq "$ROUNDS"); do
+  [ "$ROUNDS" -gt 1 ] && echo "round $round of $ROUNDS (same usher)"
+  target/release/examples/soak_client --addr "127.0.0.1:$USHER_PORT" \
+    --clients "$CLIENTS" --idle-secs "$IDLE" --active-txns "$ACTIVE_TXNS" \
+    --storm-secs "$DURATION" --storm-workers "$STORM_WORKERS" --storm-active "$STORM_ACTIVE" \
+    --events "$EVENTS" --restart-cmd "$work/restart.sh" --reload-cmd "$work/reload.sh" \
+    --usher-pid "$USHER_PID" --deadline-secs "$DEADLINE" || status=$?
+  echo
+  if ! kill -0 "$USHER_PID" 2>/dev/null; then
+    echo "usher is gone (exited during the run)"; status=1; break
+  fi
   # What usher still holds with no client left: its pool's idle server
   # connections (up to POOL_SIZE) and a few fixed descriptors; more is a leak.
   servers=$(ss -Htn state established "( dport = :$PGPORT )" | wc -l)
-  echo "usher after the clients left: $(ls "/proc/$USHER_PID/fd" | wc -l) descriptors, $servers of them server connections"
-else
-  echo "usher is gone (exited during the run)"; status=1
-fi
+  echo "usher after the clients left: $(ls "/proc/$USHER_PID/fd" | wc -l) descriptors, $servers of them server connections; $(grep VmRSS "/proc/$USHER_PID/status" | tr -s ' \t' ' ')"
+  echo
+done
 if grep -q panicked "$work/usher.log"; then
   echo "usher panicked:"; grep -A3 panicked "$work/usher.log" | head -20; status=1
 fi

@@ -119,8 +119,8 @@ struct Stats {
     phases: Mutex<Vec<PhaseStats>>,
     current: AtomicUsize,
     examples: Mutex<Vec<String>>,
-    /// The first message seen for each SQLSTATE.
-    messages: Mutex<BTreeMap<String, String>>,
+    /// How many errors of each SQLSTATE and message (digits masked).
+    messages: Mutex<BTreeMap<(String, String), u64>>,
 }
 
 impl Stats {
@@ -141,11 +141,17 @@ impl Stats {
                 let key = if *fatal { format!("{code}!") } else { code.clone() };
                 *p.errors.entry(key.clone()).or_default() += 1;
                 drop(phases);
-                self.messages
+                // Ports, pids and counts vary; the message's shape is kept.
+                let shape: String = message
+                    .chars()
+                    .map(|c| if c.is_ascii_digit() { '#' } else { c })
+                    .collect();
+                *self
+                    .messages
                     .lock()
                     .unwrap()
-                    .entry(key)
-                    .or_insert_with(|| message.clone());
+                    .entry((key, shape))
+                    .or_default() += 1;
                 return;
             }
             Err(Fail::Lost(why)) => {
@@ -780,8 +786,8 @@ async fn main() {
             phases[5].cpu_end - phases[0].cpu_start
         );
     }
-    for (code, message) in stats.messages.lock().unwrap().iter() {
-        println!("error {code}: {message}");
+    for ((code, message), n) in stats.messages.lock().unwrap().iter() {
+        println!("error {code} x{n}: {message}");
     }
     let examples = stats.examples.lock().unwrap();
     for e in examples.iter() {

@@ -110,8 +110,9 @@ done
 if grep -q panicked "$work/usher.log"; then
   echo "usher panicked:"; grep -A3 panicked "$work/usher.log" | head -20; status=1
 fi
-# usher's warnings and errors, by message (log level warn)
+# usher's warnings and errors, by message (log level warn; digits masked)
 lines=$(wc -l <"$work/usher.log")
 echo "usher log: $lines lines at level warn; most frequent:"
-sed -E 's/^[^ ]+ +//; s/\x1b\[[0-9;]*m//g' "$work/usher.log" | cut -c1-150 | sort | uniq -c | sort -rn | head -8
+sed -E 's/^[^ ]+ +//; s/\x1b\[[0-9;]*m//g; s/[0-9]+/#/g' "$work/usher.log" | cut -c1-160 |
+  sort | uniq -c | sort -rn | head -8 || true
 exit "$status"

@@ -26,7 +26,7 @@
 //! With `--usher-pid`, a sampler thread reads /proc/PID every 200 ms: peak
 //! resident memory and descriptors per phase, CPU time per phase, VmHWM.
 //! Prints a Markdown table; exits 1 if any client was lost or hung or got
-//! a wrong answer.
+//! a wrong answer, or a restart/reload command failed (the run is invalid).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -642,15 +642,20 @@ async fn main() {
                     .arg(cmd)
                     .status()
                     .await;
+                let ok = matches!(&status, Ok(s) if s.success());
                 let line = format!(
-                    "{name} at {:.1}s (storm +{:.1}s): {:?}, took {:.1}s",
+                    "{name} at {:.1}s (storm +{:.1}s): {}, took {:.1}s",
                     started.elapsed().as_secs_f64(),
                     at.as_secs_f64(),
-                    status.map(|s| s.code()),
+                    match status {
+                        Ok(s) if s.success() => "ok".to_string(),
+                        Ok(s) => format!("FAILED ({s})"),
+                        Err(e) => format!("FAILED ({e})"),
+                    },
                     s.elapsed().as_secs_f64()
                 );
                 eprintln!("soak: {line}");
-                log.push(line);
+                log.push((ok, line));
             }
             log
         })
@@ -708,11 +713,14 @@ async fn main() {
     // with an error during the storm log in again first.
     let t = run.begin(4, format!("{}", slots.len()));
     let slots = each(slots, |i, c| {
-        let (args, stats) = (args.clone(), stats.clone());
+        let (args, stats, gate) = (args.clone(), stats.clone(), gate.clone());
         async move {
             let c = match c {
                 Some(c) => c,
-                None => login(&args, &stats).await?,
+                None => {
+                    let _permit = gate.acquire_owned().await.unwrap();
+                    login(&args, &stats).await?
+                }
             };
             txn(&args, &stats, c, i as i32).await
         }
@@ -775,9 +783,10 @@ async fn main() {
     }
     println!();
     println!("storm: {storm_logins} logins in {}s", args.storm_secs);
-    for e in &event_log {
+    for (_, e) in &event_log {
         println!("event: {e}");
     }
+    let failed_events = event_log.iter().filter(|(ok, _)| !ok).count();
     if proc.is_some() {
         println!(
             "usher: VmHWM {:.0} MB; descriptors {fds_before} before the clients, {fds_after} after they left; RSS after {:.0} MB; CPU {:.1} s in all",
@@ -795,6 +804,11 @@ async fn main() {
     }
     if bad > 0 {
         println!("FAIL: {bad} clients lost, hung or answered wrongly");
+    }
+    if failed_events > 0 {
+        println!("INVALID: {failed_events} restart/reload commands failed (see above)");
+    }
+    if bad > 0 || failed_events > 0 {
         std::process::exit(1);
     }
 }

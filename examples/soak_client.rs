@@ -138,7 +138,11 @@ impl Stats {
                 fatal,
                 message,
             }) => {
-                let key = if *fatal { format!("{code}!") } else { code.clone() };
+                let key = if *fatal {
+                    format!("{code}!")
+                } else {
+                    code.clone()
+                };
                 *p.errors.entry(key.clone()).or_default() += 1;
                 drop(phases);
                 // Ports, pids and counts vary; the message's shape is kept.
@@ -216,26 +220,32 @@ impl Conn {
                     conn.send().await?;
                 }
                 Message::AuthenticationMd5Password(body) => {
-                    let hash = md5_hash(args.user.as_bytes(), args.password.as_bytes(), body.salt());
+                    let hash =
+                        md5_hash(args.user.as_bytes(), args.password.as_bytes(), body.salt());
                     frontend::password_message(hash.as_bytes(), &mut conn.out).unwrap();
                     conn.send().await?;
                 }
                 Message::AuthenticationSasl(_) => {
-                    let s = ScramSha256::new(args.password.as_bytes(), ChannelBinding::unsupported());
+                    let s =
+                        ScramSha256::new(args.password.as_bytes(), ChannelBinding::unsupported());
                     frontend::sasl_initial_response("SCRAM-SHA-256", s.message(), &mut conn.out)
                         .unwrap();
                     scram = Some(s);
                     conn.send().await?;
                 }
                 Message::AuthenticationSaslContinue(body) => {
-                    let s = scram.as_mut().ok_or_else(|| lost("SASL continue unasked"))?;
-                    s.update(body.data()).map_err(|e| lost(&format!("SCRAM: {e}")))?;
+                    let s = scram
+                        .as_mut()
+                        .ok_or_else(|| lost("SASL continue unasked"))?;
+                    s.update(body.data())
+                        .map_err(|e| lost(&format!("SCRAM: {e}")))?;
                     frontend::sasl_response(s.message(), &mut conn.out).unwrap();
                     conn.send().await?;
                 }
                 Message::AuthenticationSaslFinal(body) => {
                     let s = scram.as_mut().ok_or_else(|| lost("SASL final unasked"))?;
-                    s.finish(body.data()).map_err(|e| lost(&format!("SCRAM: {e}")))?;
+                    s.finish(body.data())
+                        .map_err(|e| lost(&format!("SCRAM: {e}")))?;
                 }
                 Message::ParameterStatus(_)
                 | Message::BackendKeyData(_)

@@ -25,7 +25,7 @@ cat >>"$work/data/postgresql.conf" <<CONF
 port = $PGPORT
 listen_addresses = '127.0.0.1'
 unix_socket_directories = '$work'
-max_connections = 250
+max_connections = ${PG_MAX_CONNECTIONS:-250}
 fsync = off
 synchronous_commit = off
 CONF

@@ -17,12 +17,16 @@
 //! After an error the server skips to the next Sync, so answers still owed
 //! for an earlier Sync are forgotten at each ReadyForQuery.
 
-use crate::backend::ServerConn;
 use crate::protocol::PgError;
 use bytes::{BufMut, Bytes, BytesMut};
 use dashmap::DashMap;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The ids of usher's statements one server connection holds, least
+/// recently used first (`ServerConn::prepared`). The rewriter and the plan
+/// need only this of the connection, so they run without I/O (and fuzz).
+pub type ServerStatements = lru::LruCache<u64, ()>;
 
 /// A statement name no server connection ever holds.
 const ABSENT_STATEMENT: &str = "usher_absent";
@@ -136,12 +140,12 @@ impl ResponsePlan {
     }
 
     /// ReadyForQuery: whatever was owed for that Sync will not come.
-    pub fn ready(&mut self, server: &mut ServerConn) {
+    pub fn ready(&mut self, server: &mut ServerStatements) {
         self.ready_seen += 1;
         self.forget_stale(server);
     }
 
-    fn forget_stale(&mut self, server: &mut ServerConn) {
+    fn forget_stale(&mut self, server: &mut ServerStatements) {
         while let Some(&(segment, e)) = self.owed.front() {
             if segment >= self.ready_seen {
                 break;
@@ -149,13 +153,13 @@ impl ResponsePlan {
             self.owed.pop_front();
             if let Expect::Prepared { id, .. } = e {
                 // Skipped after an error: the server does not have it.
-                server.prepared.pop(&id);
+                server.pop(&id);
             }
         }
     }
 
     /// The server sent ParseComplete ('1') or CloseComplete ('3').
-    pub fn answer(&mut self, tag: u8, server: &mut ServerConn) -> Answer {
+    pub fn answer(&mut self, tag: u8, server: &mut ServerStatements) -> Answer {
         self.forget_stale(server);
         match (tag, self.owed.pop_front().map(|(_, e)| e)) {
             (b'1', Some(Expect::Prepared { forward: false, .. })) => Answer::Drop,
@@ -191,7 +195,8 @@ pub fn needs_rewrite(tag: u8, body: &[u8]) -> bool {
 pub struct Rewriter<'a> {
     pub registry: &'a StatementRegistry,
     pub statements: &'a mut ClientStatements,
-    pub server: &'a mut ServerConn,
+    /// The statements the server connection holds.
+    pub server: &'a mut ServerStatements,
     pub plan: &'a mut ResponsePlan,
 }
 
@@ -211,7 +216,7 @@ impl Rewriter<'_> {
                         definition: definition.clone(),
                     },
                 );
-                if self.server.prepared.get(&id).is_some() {
+                if self.server.get(&id).is_some() {
                     put_close(out, ABSENT_STATEMENT);
                     self.plan.expect(Expect::ParseAsClose);
                 } else {
@@ -258,7 +263,7 @@ impl Rewriter<'_> {
         let Some(stmt) = self.statements.by_name.get(name).cloned() else {
             return name.to_string();
         };
-        if self.server.prepared.get(&stmt.id).is_none() {
+        if self.server.get(&stmt.id).is_none() {
             self.parse_on_server(stmt.id, &stmt.definition, false, out);
         }
         server_name(stmt.id)
@@ -269,7 +274,7 @@ impl Rewriter<'_> {
         put_cstr(out, &server_name(id));
         out.put_slice(definition);
         finish(out, start);
-        self.server.prepared.put(id, ());
+        self.server.put(id, ());
         self.plan.expect(Expect::Prepared { id, forward });
     }
 }

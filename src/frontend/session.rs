@@ -520,7 +520,7 @@ impl Session {
                     Rewriter {
                         registry: &self.app.statements,
                         statements: &mut self.statements,
-                        server: &mut checkout.conn,
+                        server: &mut checkout.conn.prepared,
                         plan: &mut link.plan,
                     }
                     .rewrite(tag, &message[5..], &mut out)
@@ -576,7 +576,7 @@ impl Session {
                             flow.pending = flow.pending.saturating_sub(1);
                             flow.status = body.first().copied().unwrap_or(b'I');
                             if rewriting {
-                                plan.ready(server);
+                                plan.ready(&mut server.prepared);
                             }
                             if flow.status == b'I' && flow.pending == 0 {
                                 stats.transaction_done();
@@ -612,7 +612,7 @@ impl Session {
                             }
                             Visit::Forward
                         }
-                        b'1' | b'3' if rewriting => match plan.answer(tag, server) {
+                        b'1' | b'3' if rewriting => match plan.answer(tag, &mut server.prepared) {
                             Answer::Forward => Visit::Forward,
                             other => {
                                 answer = Some(other);

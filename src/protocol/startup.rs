@@ -67,6 +67,9 @@ pub async fn read_startup<R: AsyncRead + Unpin>(
 
 /// Parses the body of a startup-phase packet (everything after the length).
 pub fn parse_startup_body(mut body: BytesMut) -> Result<Option<StartupPacket>, PgError> {
+    if body.len() < 4 {
+        return Err(PgError::protocol("invalid length of startup packet"));
+    }
     let code = body.get_u32();
     match code {
         SSL_REQUEST if body.is_empty() => Ok(Some(StartupPacket::SslRequest)),
@@ -161,6 +164,15 @@ mod tests {
                 parse_startup_body(packet(PROTOCOL_3_0, body)).is_err(),
                 "{body:?}"
             );
+        }
+    }
+
+    #[test]
+    fn a_body_too_short_for_a_code_is_an_error() {
+        // Found by fuzzing (fuzz/fuzz_targets/startup.rs): this panicked.
+        for body in [&b""[..], b"\x00\x03\x00"] {
+            let e = parse_startup_body(BytesMut::from(body)).unwrap_err();
+            assert_eq!(e.code, "08P01");
         }
     }
 

@@ -52,7 +52,12 @@ for target in "${targets[@]}"; do
     # The grown corpus first: libFuzzer writes new inputs to the first
     # directory only. -malloc_limit_mb: no single allocation may be sized
     # by the input beyond usher's limits (64 KiB for these parsers).
+    dict=()
+    if [ -f "fuzz/dict/$target.dict" ]; then
+        dict=(-dict="fuzz/dict/$target.dict")
+    fi
     if ! "${cargo[@]}" fuzz run "${flags[@]}" "$target" "$grown" "fuzz/corpus/$target" -- \
+        "${dict[@]}" \
         -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
         -malloc_limit_mb=64 -max_len=8192 -print_final_stats=1 2>"fuzz/target/$target.log"; then
         tail -n 60 "fuzz/target/$target.log" >&2

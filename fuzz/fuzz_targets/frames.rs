@@ -106,7 +106,11 @@ fuzz_target!(|data: &[u8]| {
         "pieces {:?}",
         pieces.iter().map(|p| p.len()).collect::<Vec<_>>()
     );
-    assert_eq!(whole_forwarded, pieced_forwarded);
+    // After an error nothing more is forwarded (the connection closes), so
+    // the counts agree only on a clean stream.
+    if !matches!(whole.last(), Some(Event::Error(_))) {
+        assert_eq!(whole_forwarded, pieced_forwarded);
+    }
     for e in &whole {
         if let Event::Message(tag, body) = e {
             assert!(body.is_empty() || setup.wanted & (1 << (tag % 8)) != 0);

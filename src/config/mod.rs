@@ -790,9 +790,9 @@ mod tests {
 
     #[test]
     fn numbers_too_large_to_use_are_refused() {
-        // Found by fuzzing (fuzz/fuzz_targets/config.rs): these passed
-        // validation, then panicked where usher turned them into durations,
-        // deadlines or bytes.
+        // Caught by the config fuzz target's checks (on inputs written
+        // after reading the code): these passed validation, then panicked
+        // where usher turned them into durations, deadlines or bytes.
         for (yaml, key) in [
             ("query_wait_timeout: 1e300\n", "query_wait_timeout"),
             ("server_lifetime: 1e300\n", "server_lifetime"),

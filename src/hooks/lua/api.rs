@@ -170,7 +170,7 @@ mod tests {
 
     #[test]
     fn a_ttl_too_large_for_a_deadline_is_an_error() {
-        // Like the config's seconds (found by fuzzing): this panicked in
+        // Like the config's seconds (see config's tests): this panicked in
         // Duration::from_secs_f64.
         assert!(ttl_of(Some(1e300)).is_err());
         assert!(ttl_of(Some(f64::NAN)).is_err());

@@ -169,121 +169,73 @@ impl Console {
 
     /// Runs one console command.
     async fn run(&self, sql: &str) -> Result<Reply, PgError> {
-        let words: Vec<String> = sql
-            .trim()
-            .trim_end_matches(';')
-            .split_whitespace()
-            .map(|w| w.to_ascii_uppercase())
-            .collect();
-        let words: Vec<&str> = words.iter().map(String::as_str).collect();
-        match words.as_slice() {
-            [] => Ok(Reply::Empty),
-            ["SHOW" | "SELECT", what] => self.show(what),
-            ["ENABLE", "HOOKS"] => {
-                self.require_admin()?;
+        let command = parse_command(sql)?;
+        if command.needs_admin() {
+            self.require_admin()?;
+        }
+        match command {
+            Command::Empty => Ok(Reply::Empty),
+            Command::Show(what) => self.show(&what),
+            Command::EnableHooks => {
                 self.app.hooks.set_enabled(true);
                 Ok(Reply::Command("ENABLE HOOKS".into()))
             }
-            ["DISABLE", "HOOKS"] => {
-                self.require_admin()?;
+            Command::DisableHooks => {
                 self.app.hooks.set_enabled(false);
                 Ok(Reply::Command("DISABLE HOOKS".into()))
             }
-            ["RELOAD"] => {
-                self.require_admin()?;
-                self.reload()
-            }
-            ["PAUSE", rest @ ..] => {
-                self.require_admin()?;
-                let db = argument(sql, 1, rest.len());
+            Command::Reload => self.reload(),
+            Command::Pause(db) => {
                 self.app.pause(db.as_deref()).await?;
                 Ok(Reply::Command("PAUSE".into()))
             }
-            ["RESUME", rest @ ..] => {
-                self.require_admin()?;
-                self.app.resume(argument(sql, 1, rest.len()).as_deref())?;
+            Command::Resume(db) => {
+                self.app.resume(db.as_deref())?;
                 Ok(Reply::Command("RESUME".into()))
             }
-            ["RECONNECT", rest @ ..] => {
-                self.require_admin()?;
-                self.app
-                    .reconnect(argument(sql, 1, rest.len()).as_deref())?;
+            Command::Reconnect(db) => {
+                self.app.reconnect(db.as_deref())?;
                 Ok(Reply::Command("RECONNECT".into()))
             }
-            ["KILL", rest @ ..] => {
-                self.require_admin()?;
-                self.app.kill(argument(sql, 1, rest.len()).as_deref())?;
+            Command::Kill(db) => {
+                self.app.kill(db.as_deref())?;
                 Ok(Reply::Command("KILL".into()))
             }
-            ["KILL_CLIENT", id] => {
-                self.require_admin()?;
-                let id = id.parse::<u64>().map_err(|_| {
-                    PgError::error(
-                        sqlstate::SYNTAX_ERROR,
-                        format!(
-                            "KILL_CLIENT needs a client id (SHOW CLIENTS' id column), got \"{}\"",
-                            shown(id, 64)
-                        ),
-                    )
-                })?;
+            Command::KillClient(id) => {
                 self.app.kill_client(id)?;
                 Ok(Reply::Command("KILL_CLIENT".into()))
             }
-            ["RESET", "AUTH_MON", rest @ ..] => {
-                self.require_admin()?;
+            Command::ResetAuthMon(target) => {
                 let monitor = self.auth_monitor()?;
-                match argument(sql, 2, rest.len()) {
+                match target {
                     None => {
                         monitor.reset_all();
                         tracing::warn!("RESET AUTH_MON: every counter cleared");
                     }
-                    Some(what) => {
-                        let removed = match what.parse::<std::net::IpAddr>() {
-                            Ok(addr) if !sql.contains('"') => monitor.reset_address(addr),
-                            _ => monitor.reset_role(&what),
-                        };
-                        tracing::warn!(what = %what, removed, "RESET AUTH_MON");
+                    Some(AuthMonTarget::Address(addr)) => {
+                        let removed = monitor.reset_address(addr);
+                        tracing::warn!(what = %addr, removed, "RESET AUTH_MON");
+                    }
+                    Some(AuthMonTarget::Role(role)) => {
+                        let removed = monitor.reset_role(&role);
+                        tracing::warn!(what = %role, removed, "RESET AUTH_MON");
                     }
                 }
                 Ok(Reply::Command("RESET".into()))
             }
-            ["MAINTENANCE", "ON", rest @ ..] => {
-                self.require_admin()?;
-                let role = argument(sql, 2, rest.len()).ok_or_else(|| {
-                    PgError::error(
-                        sqlstate::SYNTAX_ERROR,
-                        "MAINTENANCE ON needs a role: MAINTENANCE ON <role>",
-                    )
-                })?;
+            Command::MaintenanceOn(role) => {
                 self.app.set_maintenance(Some(&role)).await?;
                 Ok(Reply::Command("MAINTENANCE ON".into()))
             }
-            ["MAINTENANCE", "OFF"] => {
-                self.require_admin()?;
+            Command::MaintenanceOff => {
                 self.app.set_maintenance(None).await?;
                 Ok(Reply::Command("MAINTENANCE OFF".into()))
             }
-            ["SHUTDOWN", rest @ ..] => {
-                self.require_admin()?;
-                let mode = match rest {
-                    [] | ["WAIT_FOR_SERVERS"] => ShutdownMode::WaitForServers,
-                    ["WAIT_FOR_CLIENTS"] => ShutdownMode::WaitForClients,
-                    _ => {
-                        return Err(PgError::error(
-                            sqlstate::SYNTAX_ERROR,
-                            "SHUTDOWN takes WAIT_FOR_SERVERS (the default) or WAIT_FOR_CLIENTS",
-                        ))
-                    }
-                };
+            Command::Shutdown(mode) => {
                 tracing::warn!(?mode, "SHUTDOWN from the admin console");
                 self.app.shutdown_with(mode);
                 Ok(Reply::Command("SHUTDOWN".into()))
             }
-            _ => Err(PgError::error(
-                sqlstate::SYNTAX_ERROR,
-                format!("unknown admin console command: {}", shown(sql.trim(), 64)),
-            )
-            .with_hint("SHOW HELP lists the commands")),
         }
     }
 
@@ -470,6 +422,105 @@ fn query_text(body: &[u8]) -> Result<&str, PgError> {
         ));
     }
     Ok(text)
+}
+
+/// A console command as parsed: keywords matched case-insensitively, names
+/// (databases, roles) as written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// An empty query.
+    Empty,
+    /// `SHOW <item>` (or `SELECT <item>`), the item upper-cased; unknown
+    /// items are refused when the command runs.
+    Show(String),
+    EnableHooks,
+    DisableHooks,
+    Reload,
+    Pause(Option<String>),
+    Resume(Option<String>),
+    Reconnect(Option<String>),
+    Kill(Option<String>),
+    KillClient(u64),
+    ResetAuthMon(Option<AuthMonTarget>),
+    MaintenanceOn(String),
+    MaintenanceOff,
+    Shutdown(ShutdownMode),
+}
+
+/// What `RESET AUTH_MON <what>` clears.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuthMonTarget {
+    /// An unquoted IP address.
+    Address(std::net::IpAddr),
+    /// Anything else (a quoted address is a role name).
+    Role(String),
+}
+
+impl Command {
+    /// Everything but SHOW needs `admin.users`.
+    pub fn needs_admin(&self) -> bool {
+        !matches!(self, Command::Empty | Command::Show(_))
+    }
+}
+
+/// Parses one console command (the text of a simple Query). Errors are
+/// 42601 with the usage.
+pub fn parse_command(sql: &str) -> Result<Command, PgError> {
+    let words: Vec<String> = sql
+        .trim()
+        .trim_end_matches(';')
+        .split_whitespace()
+        .map(|w| w.to_ascii_uppercase())
+        .collect();
+    let words: Vec<&str> = words.iter().map(String::as_str).collect();
+    let syntax = |message: String| PgError::error(sqlstate::SYNTAX_ERROR, message);
+    Ok(match words.as_slice() {
+        [] => Command::Empty,
+        ["SHOW" | "SELECT", what] => Command::Show(what.to_string()),
+        ["ENABLE", "HOOKS"] => Command::EnableHooks,
+        ["DISABLE", "HOOKS"] => Command::DisableHooks,
+        ["RELOAD"] => Command::Reload,
+        ["PAUSE", rest @ ..] => Command::Pause(argument(sql, 1, rest.len())),
+        ["RESUME", rest @ ..] => Command::Resume(argument(sql, 1, rest.len())),
+        ["RECONNECT", rest @ ..] => Command::Reconnect(argument(sql, 1, rest.len())),
+        ["KILL", rest @ ..] => Command::Kill(argument(sql, 1, rest.len())),
+        ["KILL_CLIENT", id] => Command::KillClient(id.parse::<u64>().map_err(|_| {
+            syntax(format!(
+                "KILL_CLIENT needs a client id (SHOW CLIENTS' id column), got \"{}\"",
+                shown(id, 64)
+            ))
+        })?),
+        ["RESET", "AUTH_MON", rest @ ..] => {
+            Command::ResetAuthMon(argument(sql, 2, rest.len()).map(|what| {
+                match what.parse::<std::net::IpAddr>() {
+                    Ok(addr) if !sql.contains('"') => AuthMonTarget::Address(addr),
+                    _ => AuthMonTarget::Role(what),
+                }
+            }))
+        }
+        ["MAINTENANCE", "ON", rest @ ..] => {
+            Command::MaintenanceOn(argument(sql, 2, rest.len()).ok_or_else(|| {
+                syntax("MAINTENANCE ON needs a role: MAINTENANCE ON <role>".into())
+            })?)
+        }
+        ["MAINTENANCE", "OFF"] => Command::MaintenanceOff,
+        ["SHUTDOWN", rest @ ..] => Command::Shutdown(match rest {
+            [] | ["WAIT_FOR_SERVERS"] => ShutdownMode::WaitForServers,
+            ["WAIT_FOR_CLIENTS"] => ShutdownMode::WaitForClients,
+            _ => {
+                return Err(syntax(
+                    "SHUTDOWN takes WAIT_FOR_SERVERS (the default) or WAIT_FOR_CLIENTS".into(),
+                ))
+            }
+        }),
+        _ => {
+            return Err(syntax(format!(
+                "unknown admin console command: {}",
+                shown(sql.trim(), 64)
+            ))
+            .with_hint("SHOW HELP lists the commands"))
+        }
+    })
 }
 
 /// The name after the first `skip` words of a command, as written (quotes

@@ -9,7 +9,16 @@ use std::collections::HashMap;
 /// Parses the text of a userlist. Errors give the line number and never
 /// quote the line (it may hold a password).
 pub fn parse(text: &str) -> Result<HashMap<String, Secret>, String> {
-    let mut users = HashMap::new();
+    Ok(entries(text)?
+        .into_iter()
+        .map(|(user, secret)| (user, Secret::parse(&secret)))
+        .collect())
+}
+
+/// The `(user, secret text)` pairs of a userlist, in file order, before the
+/// secrets are recognised (a plaintext one costs a PBKDF2 run).
+pub fn entries(text: &str) -> Result<Vec<(String, String)>, String> {
+    let mut users = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();
         if line.is_empty() || line.starts_with(';') || line.starts_with('#') {
@@ -22,7 +31,7 @@ pub fn parse(text: &str) -> Result<HashMap<String, Secret>, String> {
         if user.is_empty() {
             return Err(bad("empty user name"));
         }
-        users.insert(user, Secret::parse(&secret));
+        users.push((user, secret));
     }
     Ok(users)
 }

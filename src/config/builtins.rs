@@ -180,11 +180,11 @@ pub(super) fn validate(m: &AuthMonitorConfig, file: &str) -> Result<(), ConfigEr
         key: format!("auth_monitor.{key}"),
         message: message.to_string(),
     };
-    let seconds = |v: f64| v > 0.0 && v.is_finite();
+    let seconds = |v: f64| super::usable_seconds(v, false);
     if !seconds(m.save_interval_s) {
         return Err(err(
             "save_interval_s",
-            "expected a positive number of seconds",
+            "expected a positive number of seconds (at most a century)",
         ));
     }
     for (key, v) in [
@@ -207,7 +207,7 @@ pub(super) fn validate(m: &AuthMonitorConfig, file: &str) -> Result<(), ConfigEr
             if !seconds(v) {
                 return Err(err(
                     &format!("lockout.{key}"),
-                    "expected a positive number of seconds",
+                    "expected a positive number of seconds (at most a century)",
                 ));
             }
         }

@@ -505,6 +505,39 @@ pub struct ConfigError {
     pub message: String,
 }
 
+/// The largest number of seconds a setting takes: a century. Larger values
+/// cannot be turned into deadlines.
+pub const MAX_SECONDS: f64 = 3_153_600_000.0;
+
+/// The largest `hooks.memory_limit_mb` (1 TiB), so the limit in bytes fits.
+pub const MAX_HOOK_MEMORY_MB: usize = 1 << 20;
+
+/// True for a number of seconds usher can use: finite, at most
+/// [`MAX_SECONDS`], and greater than 0 or (when `zero_ok`) 0.
+pub(crate) fn usable_seconds(v: f64, zero_ok: bool) -> bool {
+    v.is_finite() && (v > 0.0 || zero_ok && v == 0.0) && v <= MAX_SECONDS
+}
+
+/// The dotted key of a serde path, `(top level)` for the root; an empty key
+/// is written `""` so that every error names one.
+fn key_of(path: &serde_path_to_error::Path) -> String {
+    use serde_path_to_error::Segment;
+    let mut key = String::new();
+    for segment in path.iter() {
+        if !key.is_empty() && !matches!(segment, Segment::Seq { .. }) {
+            key.push('.');
+        }
+        match segment {
+            Segment::Map { key: k } if k.is_empty() => key.push_str("\"\""),
+            other => key.push_str(&other.to_string()),
+        }
+    }
+    if key.is_empty() {
+        key.push_str("(top level)");
+    }
+    key
+}
+
 impl Config {
     /// Reads, parses and validates a configuration file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
@@ -521,10 +554,7 @@ impl Config {
     pub fn from_yaml(text: &str, file: &str) -> Result<Config, ConfigError> {
         let de = serde_yaml::Deserializer::from_str(text);
         let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
-            let key = match e.path().to_string() {
-                p if p == "." => "(top level)".to_string(),
-                p => p,
-            };
+            let key = key_of(e.path());
             ConfigError {
                 file: file.to_string(),
                 key,
@@ -561,8 +591,11 @@ impl Config {
             ("auth_timeout", self.auth_timeout),
             ("shutdown_timeout", self.shutdown_timeout),
         ] {
-            if !(v > 0.0 && v.is_finite()) {
-                return Err(err(key, "expected a positive number of seconds"));
+            if !usable_seconds(v, false) {
+                return Err(err(
+                    key,
+                    "expected a positive number of seconds (at most a century)",
+                ));
             }
         }
         for (key, v) in [
@@ -572,8 +605,11 @@ impl Config {
             ("server_lifetime", self.server_lifetime),
             ("server_check_delay", self.server_check_delay),
         ] {
-            if !(v >= 0.0 && v.is_finite()) {
-                return Err(err(key, "expected a number of seconds (0 turns it off)"));
+            if !usable_seconds(v, true) {
+                return Err(err(
+                    key,
+                    "expected a number of seconds (0 turns it off; at most a century)",
+                ));
             }
         }
         if self.max_auth_clients_per_address == 0 {
@@ -622,10 +658,10 @@ impl Config {
                 ("server_idle_timeout", db.server_idle_timeout),
                 ("server_lifetime", db.server_lifetime),
             ] {
-                if v.is_some_and(|v| !(v >= 0.0 && v.is_finite())) {
+                if v.is_some_and(|v| !usable_seconds(v, true)) {
                     return Err(err(
                         &format!("databases.{name}.{key}"),
-                        "expected a number of seconds",
+                        "expected a number of seconds (at most a century)",
                     ));
                 }
             }
@@ -650,16 +686,16 @@ impl Config {
                 "expected a number of milliseconds greater than 0",
             ));
         }
-        if self.hooks.memory_limit_mb == 0 {
+        if self.hooks.memory_limit_mb == 0 || self.hooks.memory_limit_mb > MAX_HOOK_MEMORY_MB {
             return Err(err(
                 "hooks.memory_limit_mb",
-                "expected a number of MiB greater than 0",
+                "expected a number of MiB from 1 to 1048576",
             ));
         }
-        if !(self.hooks.roles_refresh_s > 0.0 && self.hooks.roles_refresh_s.is_finite()) {
+        if !usable_seconds(self.hooks.roles_refresh_s, false) {
             return Err(err(
                 "hooks.roles_refresh_s",
-                "expected a positive number of seconds",
+                "expected a positive number of seconds (at most a century)",
             ));
         }
         if let Some(q) = &self.hooks.query {
@@ -863,6 +899,48 @@ mod tests {
         assert_eq!(e.file, "u.yaml");
         assert_eq!(e.key, "databases.app.hots");
         assert!(e.message.contains("unknown field `hots`"), "{}", e.message);
+    }
+
+    #[test]
+    fn numbers_too_large_to_use_are_refused() {
+        // Caught by the config fuzz target's checks (on inputs written
+        // after reading the code): these passed validation, then panicked
+        // where usher turned them into durations, deadlines or bytes.
+        for (yaml, key) in [
+            ("query_wait_timeout: 1e300\n", "query_wait_timeout"),
+            ("server_lifetime: 1e300\n", "server_lifetime"),
+            (
+                "databases: { app: { server_lifetime: 1e300 } }\n",
+                "databases.app.server_lifetime",
+            ),
+            ("auth: { cache_ttl: 1e300 }\n", "auth.cache_ttl"),
+            (
+                "hooks: { roles_refresh_s: 1e300 }\n",
+                "hooks.roles_refresh_s",
+            ),
+            (
+                "auth_monitor: { state_file: m.json, lockout: { duration_s: 1e19 } }\n",
+                "auth_monitor.lockout.duration_s",
+            ),
+            (
+                "hooks: { memory_limit_mb: 18446744073709551615 }\n",
+                "hooks.memory_limit_mb",
+            ),
+        ] {
+            let e = Config::from_yaml(yaml, "n.yaml").expect_err(yaml);
+            assert_eq!(e.key, key, "{yaml}");
+        }
+        // A century is still fine.
+        Config::from_yaml("server_lifetime: 3153600000\n", "n.yaml").unwrap();
+    }
+
+    #[test]
+    fn an_empty_key_is_named_too() {
+        // Found by fuzzing (fuzz/fuzz_targets/config.rs): the key was "".
+        let e = Config::from_yaml("\"\": 1\n", "u.yaml").unwrap_err();
+        assert_eq!(e.key, "\"\"");
+        let e = Config::from_yaml("databases:\n  app:\n    \"\": x\n", "u.yaml").unwrap_err();
+        assert_eq!(e.key, "databases.app.\"\"");
     }
 
     #[test]

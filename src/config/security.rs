@@ -271,10 +271,10 @@ pub(super) fn validate(config: &Config, file: &str) -> Result<(), ConfigError> {
             ));
         }
     }
-    if !(auth.cache_ttl >= 0.0 && auth.cache_ttl.is_finite()) {
+    if !super::usable_seconds(auth.cache_ttl, true) {
         return Err(err(
             "auth.cache_ttl",
-            "expected a number of seconds (0 caches nothing)".into(),
+            "expected a number of seconds (0 caches nothing; at most a century)".into(),
         ));
     }
     if auth.hba.is_some() && auth.hba_file.is_some() {

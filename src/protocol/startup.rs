@@ -103,6 +103,9 @@ pub async fn read_startup<R: AsyncRead + Unpin>(
 
 /// Parses the body of a startup-phase packet (everything after the length).
 pub fn parse_startup_body(mut body: BytesMut) -> Result<StartupPacket, PgError> {
+    if body.len() < 4 {
+        return Err(framing("invalid length of startup packet"));
+    }
     let code = body.get_u32();
     match code {
         // Extra bytes after a request code are ignored, as PostgreSQL does.
@@ -402,6 +405,15 @@ mod tests {
         }
         let mut r = &b""[..];
         assert_eq!(read_startup(&mut r).await.unwrap(), None);
+    }
+
+    #[test]
+    fn a_body_too_short_for_a_code_is_an_error() {
+        // Found by fuzzing (fuzz/fuzz_targets/startup.rs): this panicked.
+        for body in [&b""[..], b"\x00\x03\x00"] {
+            let e = parse_startup_body(BytesMut::from(body)).unwrap_err();
+            assert_eq!(e.code, "08P01");
+        }
     }
 
     #[test]

@@ -148,9 +148,9 @@ pub(super) fn usher_table(lua: &Lua, services: Arc<LuaServices>) -> mlua::Result
 fn ttl_of(ttl: Option<f64>) -> mlua::Result<Option<Duration>> {
     match ttl {
         None => Ok(None),
-        Some(t) if t > 0.0 && t.is_finite() => Ok(Some(Duration::from_secs_f64(t))),
+        Some(t) if crate::config::usable_seconds(t, false) => Ok(Some(Duration::from_secs_f64(t))),
         Some(t) => Err(mlua::Error::runtime(format!(
-            "ttl must be a positive number of seconds, got {t}"
+            "ttl must be a positive number of seconds (at most a century), got {t}"
         ))),
     }
 }
@@ -161,5 +161,19 @@ fn log(level: &str, message: &str) {
         "warn" | "warning" => tracing::warn!(target: "usher::hooks::lua", "{message}"),
         "error" => tracing::error!(target: "usher::hooks::lua", "{message}"),
         _ => tracing::info!(target: "usher::hooks::lua", "{message}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ttl_of;
+
+    #[test]
+    fn a_ttl_too_large_for_a_deadline_is_an_error() {
+        // Like the config's seconds (see config's tests): this panicked in
+        // Duration::from_secs_f64.
+        assert!(ttl_of(Some(1e300)).is_err());
+        assert!(ttl_of(Some(f64::NAN)).is_err());
+        assert!(ttl_of(Some(0.5)).unwrap().is_some());
     }
 }

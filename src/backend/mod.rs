@@ -82,27 +82,33 @@ pub struct ServerSummary {
 }
 
 /// One logged-in connection to PostgreSQL.
+///
+/// Its records (the parameters the server reported, usher's statements it
+/// holds, the sessions it served, when it was made and last used) change
+/// only through the methods below, so the rules of a server connection
+/// live here and nowhere else.
 #[derive(Debug)]
 pub struct ServerConn {
-    pub stream: ServerStream,
+    stream: ServerStream,
     /// usher's own id for this connection (for logs and the console).
-    pub id: u64,
-    pub summary: Arc<ServerSummary>,
+    id: u64,
+    summary: Arc<ServerSummary>,
     /// The pool generation it was opened in: RECONNECT and a changed
     /// server address start a new one, and older connections are closed
     /// instead of reused.
-    pub generation: u64,
-    /// Reported parameters (ParameterStatus) as the server last said them.
-    pub params: HashMap<String, String>,
-    pub created: Instant,
-    pub last_used: Instant,
+    generation: u64,
+    /// Parameters as the server last reported them, and the settings
+    /// usher applied of parameters it does not report.
+    params: HashMap<String, String>,
+    created: Instant,
+    last_used: Instant,
     /// Ids of usher's named statements prepared here, least recently used
     /// first (see frontend::prepared). Trimmed to the configured bound when
     /// the connection is next checked out.
-    pub prepared: PreparedSet,
+    prepared: PreparedSet,
     /// Client sessions this connection has served (session mode), so a
     /// session_start hook can tell a fresh connection from a reused one.
-    pub sessions_served: u64,
+    sessions_served: u64,
 }
 
 impl ServerConn {
@@ -131,6 +137,96 @@ impl ServerConn {
             prepared: lru::LruCache::unbounded(),
             sessions_served: 0,
         }
+    }
+
+    /// usher's id for this connection.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// What other tasks may know of it (cancel target, SHOW SERVERS).
+    pub fn summary(&self) -> &Arc<ServerSummary> {
+        &self.summary
+    }
+
+    /// The socket, for forwarding.
+    pub fn stream_mut(&mut self) -> &mut ServerStream {
+        &mut self.stream
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    pub fn set_generation(&mut self, generation: u64) {
+        self.generation = generation;
+    }
+
+    pub fn created(&self) -> Instant {
+        self.created
+    }
+
+    pub fn last_used(&self) -> Instant {
+        self.last_used
+    }
+
+    /// It was just used (checked in).
+    pub fn touch(&mut self) {
+        self.last_used = Instant::now();
+    }
+
+    /// Parameters as the server reported them (and usher's settings of
+    /// unreported ones).
+    pub fn params(&self) -> &HashMap<String, String> {
+        &self.params
+    }
+
+    /// A ParameterStatus from the server, or a setting usher applied.
+    pub fn set_param(&mut self, name: String, value: String) {
+        self.params.insert(name, value);
+    }
+
+    /// Keeps only the parameters `keep` says yes to.
+    pub fn retain_params(&mut self, keep: impl FnMut(&String, &mut String) -> bool) {
+        self.params.retain(keep);
+    }
+
+    /// DISCARD ALL ran: the settings of parameters the server does not
+    /// report (those not in `reported`) are back to their defaults.
+    pub fn forget_unreported(&mut self, reported: &HashMap<String, String>) {
+        self.params.retain(|k, _| reported.contains_key(k));
+    }
+
+    /// usher's statements prepared here.
+    pub fn prepared(&self) -> &PreparedSet {
+        &self.prepared
+    }
+
+    pub fn prepared_mut(&mut self) -> &mut PreparedSet {
+        &mut self.prepared
+    }
+
+    /// Forgets the least recently used statements beyond `bound`,
+    /// returning their ids (to DEALLOCATE on the server).
+    pub fn trim_prepared(&mut self, bound: usize) -> Vec<u64> {
+        let mut evicted = Vec::new();
+        while self.prepared.len() > bound {
+            match self.prepared.pop_lru() {
+                Some((id, ())) => evicted.push(id),
+                None => break,
+            }
+        }
+        evicted
+    }
+
+    /// A client session begins on it; true if it served one before.
+    pub fn start_session(&mut self) -> bool {
+        self.sessions_served += 1;
+        self.sessions_served > 1
+    }
+
+    pub fn sessions_served(&self) -> u64 {
+        self.sessions_served
     }
 
     /// The server's backend process id.

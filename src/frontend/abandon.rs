@@ -50,7 +50,7 @@ pub(super) struct Abandoned {
 
 /// Recovers `left` for `pool`, or closes it once its backend is gone.
 pub(super) async fn recover(pool: Arc<Pool>, mode: PoolMode, mut left: Abandoned) {
-    let id = left.checkout.conn.id;
+    let id = left.checkout.conn.id();
     let salvaged = if left.whole_messages && !left.interrupted {
         tokio::time::timeout(RECOVERY_TIMEOUT, salvage(&mut left))
             .await
@@ -105,7 +105,7 @@ async fn salvage(left: &mut Abandoned) -> Result<(), &'static str> {
     }
     if !out.is_empty() {
         let conn = &mut left.checkout.conn;
-        conn.stream
+        conn.stream_mut()
             .write_all(&out)
             .await
             .map_err(|_| "write failed")?;
@@ -132,7 +132,7 @@ async fn drain_some(left: &mut Abandoned) -> Result<(), &'static str> {
         let n = left
             .checkout
             .conn
-            .stream
+            .stream_mut()
             .read_buf(&mut left.out_buf)
             .await
             .map_err(|_| "read failed")?;
@@ -147,14 +147,16 @@ async fn drain_some(left: &mut Abandoned) -> Result<(), &'static str> {
         .out_walker
         .walk(&left.out_buf, Flow::server_wants_body, |tag, body| {
             if let (_, Some(Note::Parameter { name, value })) =
-                flow.server_message(tag, body, &mut conn.prepared, false)
+                flow.server_message(tag, body, conn.prepared_mut(), false)
             {
                 parameters.push((name, value));
             }
             Visit::Forward
         })
         .map_err(|_| "bad message from the server")?;
-    conn.params.extend(parameters);
+    for (name, value) in parameters {
+        conn.set_param(name, value);
+    }
     let _ = left.out_buf.split_to(walked.forward);
     if left.flow.copy_in() {
         // A queued COPY FROM STDIN began after the cancel: end it too.
@@ -164,18 +166,18 @@ async fn drain_some(left: &mut Abandoned) -> Result<(), &'static str> {
 }
 /// Sends a cancel request for whatever the connection runs.
 async fn cancel(conn: &mut ServerConn) {
-    let target = conn.summary.cancel.clone();
+    let target = conn.summary().cancel.clone();
     if let Err(e) = target.send().await {
-        tracing::warn!(server = conn.id, error = %e, "could not cancel the query of a client that left");
+        tracing::warn!(server = conn.id(), error = %e, "could not cancel the query of a client that left");
     }
 }
 
 /// Shuts usher's side down and reads until the server closes its side: the
 /// backend has then exited.
 async fn wait_for_close(conn: &mut ServerConn) {
-    let _ = conn.stream.shutdown().await;
+    let _ = conn.stream_mut().shutdown().await;
     let mut sink = vec![0u8; 16 * 1024];
-    while let Ok(n) = conn.stream.read(&mut sink).await {
+    while let Ok(n) = conn.stream_mut().read(&mut sink).await {
         if n == 0 {
             break;
         }

@@ -123,14 +123,14 @@ impl SessionParams {
         let mut settings: Vec<Setting> = self
             .wanted
             .iter()
-            .filter(|(name, value)| conn.params.get(*name) != Some(*value))
+            .filter(|(name, value)| conn.params().get(*name) != Some(*value))
             .map(|(name, value)| Setting {
                 name: name.clone(),
                 value: Some(value.clone()),
             })
             .collect();
         settings.extend(
-            conn.params
+            conn.params()
                 .iter()
                 .filter(|(k, v)| !self.wanted.contains_key(*k) && defaults.get(*k) != Some(*v))
                 .map(|(name, _)| Setting {
@@ -153,18 +153,17 @@ impl SessionParams {
         let mut changed = Vec::new();
         for (name, value) in self.wanted.iter_mut() {
             if defaults.contains_key(name) {
-                if let Some(now) = conn.params.get(name) {
+                if let Some(now) = conn.params().get(name) {
                     if now != value {
                         *value = now.clone();
                         changed.push((name.clone(), now.clone()));
                     }
                 }
             } else {
-                conn.params.insert(name.clone(), value.clone());
+                conn.set_param(name.clone(), value.clone());
             }
         }
-        conn.params
-            .retain(|k, _| self.wanted.contains_key(k) || defaults.contains_key(k));
+        conn.retain_params(|k, _| self.wanted.contains_key(k) || defaults.contains_key(k));
         changed
     }
 }

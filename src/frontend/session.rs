@@ -319,7 +319,7 @@ impl Session {
                 },
                 io = async {
                     match held.as_mut() {
-                        Some(c) => server_io(&mut c.conn.stream, to_server, out_buf).await,
+                        Some(c) => server_io(c.conn.stream_mut(), to_server, out_buf).await,
                         None => std::future::pending().await,
                     }
                 } => match io {
@@ -524,7 +524,7 @@ impl Session {
                     let mut rewriter = Rewriter {
                         registry: &self.app.statements,
                         statements: &mut self.statements,
-                        prepared: &mut checkout.conn.prepared,
+                        prepared: checkout.conn.prepared_mut(),
                         plan: link.flow.plan_mut(),
                     };
                     let taken = if tag == frontend::BIND {
@@ -579,7 +579,7 @@ impl Session {
                 .as_mut()
                 .expect("a server connection is held")
                 .conn;
-            let prepared = &mut server.prepared;
+            let prepared = server.prepared_mut();
             let walked = link
                 .out_walker
                 .walk(&link.out_buf, Flow::server_wants_body, |tag, body| {
@@ -637,7 +637,7 @@ impl Session {
         match note {
             Note::Parameter { name, value } => {
                 self.params.observe(&name, &value);
-                server.params.insert(name, value);
+                server.set_param(name, value);
             }
             Note::StatementsDropped { discard_all } => {
                 // The client dropped its names with the server's.
@@ -647,7 +647,7 @@ impl Session {
                 }
                 if discard_all {
                     // usher's settings of unreported parameters are gone.
-                    server.params.retain(|k, _| self.defaults.contains_key(k));
+                    server.forget_unreported(&self.defaults);
                 }
             }
             Note::Error { code } => metrics::count_error(ErrorSource::Server, &code),
@@ -691,8 +691,7 @@ impl Session {
         if !self.session_started {
             // Session mode: the session begins with its server connection.
             self.session_started = true;
-            let reused = checkout.conn.sessions_served > 0;
-            checkout.conn.sessions_served += 1;
+            let reused = checkout.conn.start_session();
             let reason = if reused {
                 SessionReason::ReusedServer
             } else {
@@ -717,10 +716,8 @@ impl Session {
         let settings = self.params.sync_settings(conn, &self.defaults);
         let mut sql = String::new();
         let bound = self.pool.settings().prepared_statements;
-        while conn.prepared.len() > bound {
-            if let Some((id, ())) = conn.prepared.pop_lru() {
-                sql.push_str(&format!("DEALLOCATE {};", prepared::server_name(id)));
-            }
+        for id in conn.trim_prepared(bound) {
+            sql.push_str(&format!("DEALLOCATE {};", prepared::server_name(id)));
         }
         if !settings.is_empty() || !sql.is_empty() {
             if let Err(e) = conn.apply_settings(&settings, &sql).await {
@@ -735,7 +732,8 @@ impl Session {
             let changed = self.params.after_sync(conn, &self.defaults);
             report_parameters(client, changed).await?;
         }
-        self.handle.set_server(Some(checkout.conn.summary.clone()));
+        self.handle
+            .set_server(Some(checkout.conn.summary().clone()));
         Ok(checkout)
     }
 }
@@ -764,11 +762,11 @@ fn server_info(checkout: &Checkout) -> ServerInfo {
         backend_pid: checkout.conn.backend_pid(),
         server_version: checkout
             .conn
-            .params
+            .params()
             .get("server_version")
             .cloned()
             .unwrap_or_default(),
-        fresh: checkout.conn.sessions_served <= 1,
+        fresh: checkout.conn.sessions_served() <= 1,
     }
 }
 

@@ -209,7 +209,7 @@ impl Pool {
     }
 
     fn current(&self, conn: &ServerConn) -> bool {
-        conn.generation == self.generation.load(Ordering::Acquire)
+        conn.generation() == self.generation.load(Ordering::Acquire)
     }
 
     /// The idle server connections (SHOW SERVERS): each one's summary,
@@ -222,10 +222,10 @@ impl Pool {
             .unwrap()
             .iter()
             .map(|c| IdleServer {
-                summary: c.summary.clone(),
-                last_used: c.last_used,
-                prepared: c.prepared.len(),
-                stale: c.generation != generation,
+                summary: c.summary().clone(),
+                last_used: c.last_used(),
+                prepared: c.prepared().len(),
+                stale: c.generation() != generation,
             })
             .collect()
     }
@@ -242,7 +242,7 @@ impl Pool {
             return Ok(p.clone());
         }
         let checkout = self.checkout().await?;
-        let params = Arc::new(checkout.conn.params.clone());
+        let params = Arc::new(checkout.conn.params().clone());
         self.checkin(checkout);
         Ok(self.server_params.get_or_init(|| params).clone())
     }
@@ -303,7 +303,7 @@ impl Pool {
         // Boxed: connecting (TLS, SCRAM) is a large future that would
         // otherwise sit in every client task's state, idle or not.
         let conn = Box::pin(self.connect(&settings)).await?;
-        tracing::debug!(server = conn.id, pid = conn.backend_pid(), db = %self.database, user = %self.user, "server connection opened");
+        tracing::debug!(server = conn.id(), pid = conn.backend_pid(), db = %self.database, user = %self.user, "server connection opened");
         Ok(Checkout {
             conn,
             _permit: permit,
@@ -319,7 +319,7 @@ impl Pool {
         let conn = backend::connect(&target, settings.server_connect_timeout).await;
         drop(login);
         let mut conn = conn?;
-        conn.generation = generation;
+        conn.set_generation(generation);
         self.stats.connected();
         Ok(conn)
     }
@@ -342,7 +342,7 @@ impl Pool {
     /// `server_check_delay`, answering a round trip.
     async fn vet(&self, mut conn: ServerConn) -> Option<ServerConn> {
         if self.past_lifetime(&conn) {
-            tracing::debug!(server = conn.id, "server_lifetime reached; closing");
+            tracing::debug!(server = conn.id(), "server_lifetime reached; closing");
             return None;
         }
         if !self.current(&conn) {
@@ -350,7 +350,7 @@ impl Pool {
         }
         if !conn.looks_alive() {
             tracing::info!(
-                server = conn.id,
+                server = conn.id(),
                 pid = conn.backend_pid(),
                 "idle server connection was closed by the server; dropping it"
             );
@@ -360,11 +360,11 @@ impl Pool {
             let s = self.settings.load();
             (s.server_check_delay, s.server_connect_timeout)
         };
-        if conn.last_used.elapsed() >= check_delay {
+        if conn.last_used().elapsed() >= check_delay {
             let check = tokio::time::timeout(timeout, conn.simple_query("")).await;
             if !matches!(check, Ok(Ok(()))) {
                 tracing::info!(
-                    server = conn.id,
+                    server = conn.id(),
                     pid = conn.backend_pid(),
                     "idle server connection failed its check; dropping it"
                 );
@@ -378,7 +378,7 @@ impl Pool {
         self.settings
             .load()
             .server_lifetime
-            .is_some_and(|l| conn.created.elapsed() >= l)
+            .is_some_and(|l| conn.created().elapsed() >= l)
     }
 
     /// Returns a clean server connection (idle, not in a transaction) to the
@@ -386,16 +386,16 @@ impl Pool {
     pub fn checkin(&self, mut checkout: Checkout) {
         if self.past_lifetime(&checkout.conn) {
             tracing::debug!(
-                server = checkout.conn.id,
+                server = checkout.conn.id(),
                 "server_lifetime reached; closing"
             );
             return;
         }
         if !self.current(&checkout.conn) || self.is_paused() {
-            tracing::debug!(server = checkout.conn.id, "reconnect or pause; closing");
+            tracing::debug!(server = checkout.conn.id(), "reconnect or pause; closing");
             return;
         }
-        checkout.conn.last_used = std::time::Instant::now();
+        checkout.conn.touch();
         self.push_idle(checkout.conn);
         // The permit (and the active count) drop here, after the connection
         // is back in the list.
@@ -403,7 +403,7 @@ impl Pool {
 
     /// Closes a server connection that is not safe to reuse.
     pub fn discard(&self, checkout: Checkout) {
-        tracing::debug!(server = checkout.conn.id, "closing server connection");
+        tracing::debug!(server = checkout.conn.id(), "closing server connection");
         drop(checkout);
     }
 
@@ -417,7 +417,7 @@ impl Pool {
         match checkout.conn.simple_query(&query).await {
             Ok(()) => self.checkin(checkout),
             Err(e) => {
-                tracing::warn!(server = checkout.conn.id, error = %e, "server_reset_query failed; closing the connection");
+                tracing::warn!(server = checkout.conn.id(), error = %e, "server_reset_query failed; closing the connection");
                 self.discard(checkout);
             }
         }
@@ -447,11 +447,11 @@ impl Pool {
             let total = idle.len() + active;
             let mut closed = 0;
             for conn in idle.drain(..) {
-                let expired = idle_timeout.is_some_and(|t| conn.last_used.elapsed() >= t)
-                    || lifetime.is_some_and(|l| conn.created.elapsed() >= l);
+                let expired = idle_timeout.is_some_and(|t| conn.last_used().elapsed() >= t)
+                    || lifetime.is_some_and(|l| conn.created().elapsed() >= l);
                 if expired && total - closed > min {
                     closed += 1;
-                    tracing::debug!(server = conn.id, "closing idle server connection");
+                    tracing::debug!(server = conn.id(), "closing idle server connection");
                 } else {
                     keep.push(conn);
                 }

@@ -346,7 +346,13 @@ pub(super) fn show_lists(app: &App) -> Reply {
 }
 
 pub(super) fn show_config(app: &App) -> Reply {
-    let c = app.config();
+    let rows = config_rows(&app.config(), app.hooks.enabled());
+    Reply::rows(&["key", "value", "default", "changeable"], rows)
+}
+
+/// SHOW CONFIG's rows: key, value, default, changeable. `hooks_enabled` is
+/// the live switch (ENABLE/DISABLE HOOKS), not the file's value.
+fn config_rows(c: &crate::config::Config, hooks_enabled: bool) -> Vec<Vec<Option<String>>> {
     let yes = |b: bool| Some(if b { "yes" } else { "no" }.to_string());
     // A reload applies every key but these (SHOW CONFIG's `changeable`).
     let fixed = ["listen", "max_auth_clients"];
@@ -417,7 +423,7 @@ pub(super) fn show_config(app: &App) -> Reply {
             "200",
         ),
         ("auth.method", c.auth.method.to_string(), "scram-sha-256"),
-        ("hooks.enabled", app.hooks.enabled().to_string(), "true"),
+        ("hooks.enabled", hooks_enabled.to_string(), "true"),
         ("hooks.dir", c.hooks.dir.display().to_string(), "hooks"),
         ("hooks.timeout_ms", c.hooks.timeout_ms.to_string(), "100"),
         (
@@ -433,8 +439,7 @@ pub(super) fn show_config(app: &App) -> Reply {
             "true",
         ),
     ];
-    let rows = rows
-        .into_iter()
+    rows.into_iter()
         .map(|(k, v, d)| {
             vec![
                 Some(k.to_string()),
@@ -443,6 +448,113 @@ pub(super) fn show_config(app: &App) -> Reply {
                 yes(!fixed.contains(&k)),
             ]
         })
-        .collect();
-    Reply::rows(&["key", "value", "default", "changeable"], rows)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::config_rows;
+    use crate::config::Config;
+
+    /// SHOW CONFIG's rows for a file that sets nothing, and for one that
+    /// sets every shown key: the output PgBouncer tools read, pinned.
+    #[test]
+    fn show_config_rows_are_pinned() {
+        let text = |rows: Vec<Vec<Option<String>>>| -> Vec<String> {
+            rows.into_iter()
+                .map(|r| {
+                    r.into_iter()
+                        .map(|c| c.unwrap_or_default())
+                        .collect::<Vec<_>>()
+                        .join("|")
+                })
+                .collect()
+        };
+        let c = Config::from_yaml("{}\n", "t.yaml").unwrap();
+        assert_eq!(
+            text(config_rows(&c, true)),
+            [
+                "listen|127.0.0.1:6432|127.0.0.1:6432|no",
+                "max_client_conn|10000|10000|yes",
+                "max_auth_clients|1000|1000|no",
+                "max_auth_clients_per_address|100|100|yes",
+                "pool_mode|transaction|transaction|yes",
+                "pool_size|20|20|yes",
+                "min_pool_size|0|0|yes",
+                "server_reset_query|DISCARD ALL|DISCARD ALL|yes",
+                "query_wait_timeout|120|120|yes",
+                "server_connect_timeout|15|15|yes",
+                "client_idle_timeout|0|0|yes",
+                "idle_transaction_timeout|0|0|yes",
+                "server_idle_timeout|600|600|yes",
+                "server_lifetime|3600|3600|yes",
+                "server_check_delay|30|30|yes",
+                "auth_timeout|60|60|yes",
+                "shutdown_timeout|30|30|yes",
+                "max_message_size|268435456|268435456|yes",
+                "max_buffered_message|16777216|16777216|yes",
+                "max_buffered_total|536870912|536870912|yes",
+                "prepared_statements|200|200|yes",
+                "auth.method|scram-sha-256|scram-sha-256|yes",
+                "hooks.enabled|true|true|yes",
+                "hooks.dir|hooks|hooks|yes",
+                "hooks.timeout_ms|100|100|yes",
+                "hooks.memory_limit_mb|32|32|yes",
+                "log.level|info|info|yes",
+                "log.connections|true|true|yes",
+                "log.disconnections|true|true|yes",
+            ]
+        );
+        let c = Config::from_yaml(
+            "listen: 0.0.0.0:7000\nmax_client_conn: 5\nmax_auth_clients: 6\n\
+             max_auth_clients_per_address: 2\npool_mode: session\npool_size: 7\n\
+             min_pool_size: 1\nserver_reset_query: ''\nquery_wait_timeout: 1.5\n\
+             server_connect_timeout: 2\nclient_idle_timeout: 3\nidle_transaction_timeout: 4\n\
+             server_idle_timeout: 5\nserver_lifetime: 6\nserver_check_delay: 0\n\
+             auth_timeout: 8\nshutdown_timeout: 9\nmax_message_size: 2048\n\
+             max_buffered_message: 1024\nmax_buffered_total: 4096\nprepared_statements: 0\n\
+             auth: { method: md5 }\nhooks: { enabled: false, dir: h, timeout_ms: 5, memory_limit_mb: 8 }\n\
+             log: { level: debug, connections: false, disconnections: false }\n",
+            "t.yaml",
+        )
+        .unwrap();
+        let values: Vec<String> = config_rows(&c, false)
+            .into_iter()
+            .map(|r| r[1].clone().unwrap_or_default())
+            .collect();
+        assert_eq!(
+            values,
+            [
+                "0.0.0.0:7000",
+                "5",
+                "6",
+                "2",
+                "session",
+                "7",
+                "1",
+                "",
+                "1.5",
+                "2",
+                "3",
+                "4",
+                "5",
+                "6",
+                "0",
+                "8",
+                "9",
+                "2048",
+                "1024",
+                "4096",
+                "0",
+                "md5",
+                "false",
+                "h",
+                "5",
+                "8",
+                "debug",
+                "false",
+                "false",
+            ]
+        );
+    }
 }

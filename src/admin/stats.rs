@@ -8,6 +8,8 @@
 
 use super::Reply;
 use crate::app::App;
+use crate::config::settings::{Reload, SettingDefault, SETTINGS};
+use crate::config::Config;
 use crate::frontend::registry::ClientState;
 use crate::pool::Pool;
 use std::collections::{BTreeMap, HashMap};
@@ -350,110 +352,68 @@ pub(super) fn show_config(app: &App) -> Reply {
     Reply::rows(&["key", "value", "default", "changeable"], rows)
 }
 
-/// SHOW CONFIG's rows: key, value, default, changeable. `hooks_enabled` is
-/// the live switch (ENABLE/DISABLE HOOKS), not the file's value.
-fn config_rows(c: &crate::config::Config, hooks_enabled: bool) -> Vec<Vec<Option<String>>> {
+/// SHOW CONFIG's rows: key, value, default, changeable, for the keys the
+/// settings table marks `show`, in its order. `hooks_enabled` is the live
+/// switch (ENABLE/DISABLE HOOKS), not the file's value.
+fn config_rows(c: &Config, hooks_enabled: bool) -> Vec<Vec<Option<String>>> {
     let yes = |b: bool| Some(if b { "yes" } else { "no" }.to_string());
-    // A reload applies every key but these (SHOW CONFIG's `changeable`).
-    let fixed = ["listen", "max_auth_clients"];
-    let rows: Vec<(&str, String, &str)> = vec![
-        ("listen", c.listen.to_string(), "127.0.0.1:6432"),
-        ("max_client_conn", c.max_client_conn.to_string(), "10000"),
-        ("max_auth_clients", c.max_auth_clients.to_string(), "1000"),
-        (
-            "max_auth_clients_per_address",
-            c.max_auth_clients_per_address.to_string(),
-            "100",
-        ),
-        ("pool_mode", c.pool_mode.to_string(), "transaction"),
-        ("pool_size", c.pool_size.to_string(), "20"),
-        ("min_pool_size", c.min_pool_size.to_string(), "0"),
-        (
-            "server_reset_query",
-            c.server_reset_query.clone(),
-            "DISCARD ALL",
-        ),
-        (
-            "query_wait_timeout",
-            c.query_wait_timeout.to_string(),
-            "120",
-        ),
-        (
-            "server_connect_timeout",
-            c.server_connect_timeout.to_string(),
-            "15",
-        ),
-        (
-            "client_idle_timeout",
-            c.client_idle_timeout.to_string(),
-            "0",
-        ),
-        (
-            "idle_transaction_timeout",
-            c.idle_transaction_timeout.to_string(),
-            "0",
-        ),
-        (
-            "server_idle_timeout",
-            c.server_idle_timeout.to_string(),
-            "600",
-        ),
-        ("server_lifetime", c.server_lifetime.to_string(), "3600"),
-        ("server_check_delay", c.server_check_delay.to_string(), "30"),
-        ("auth_timeout", c.auth_timeout.to_string(), "60"),
-        ("shutdown_timeout", c.shutdown_timeout.to_string(), "30"),
-        (
-            "max_message_size",
-            c.max_message_size.to_string(),
-            "268435456",
-        ),
-        (
-            "max_buffered_message",
-            c.max_buffered_message.to_string(),
-            "16777216",
-        ),
-        (
-            "max_buffered_total",
-            c.max_buffered_total.to_string(),
-            "536870912",
-        ),
-        (
-            "prepared_statements",
-            c.prepared_statements.to_string(),
-            "200",
-        ),
-        ("auth.method", c.auth.method.to_string(), "scram-sha-256"),
-        ("hooks.enabled", hooks_enabled.to_string(), "true"),
-        ("hooks.dir", c.hooks.dir.display().to_string(), "hooks"),
-        ("hooks.timeout_ms", c.hooks.timeout_ms.to_string(), "100"),
-        (
-            "hooks.memory_limit_mb",
-            c.hooks.memory_limit_mb.to_string(),
-            "32",
-        ),
-        ("log.level", c.log.level.clone(), "info"),
-        ("log.connections", c.log.connections.to_string(), "true"),
-        (
-            "log.disconnections",
-            c.log.disconnections.to_string(),
-            "true",
-        ),
-    ];
-    rows.into_iter()
-        .map(|(k, v, d)| {
+    SETTINGS
+        .iter()
+        .filter(|s| s.show)
+        .map(|s| {
+            let default = match s.default {
+                SettingDefault::Value(v) | SettingDefault::Text(v) => v,
+            };
             vec![
-                Some(k.to_string()),
-                Some(v),
-                Some(d.to_string()),
-                yes(!fixed.contains(&k)),
+                Some(s.key.to_string()),
+                shown_value(c, hooks_enabled, s.key),
+                Some(default.to_string()),
+                yes(s.reload != Reload::Restart),
             ]
         })
         .collect()
 }
 
+/// The running value of a key SHOW CONFIG shows.
+fn shown_value(c: &Config, hooks_enabled: bool, key: &str) -> Option<String> {
+    Some(match key {
+        "listen" => c.listen.to_string(),
+        "max_client_conn" => c.max_client_conn.to_string(),
+        "max_auth_clients" => c.max_auth_clients.to_string(),
+        "max_auth_clients_per_address" => c.max_auth_clients_per_address.to_string(),
+        "pool_mode" => c.pool_mode.to_string(),
+        "pool_size" => c.pool_size.to_string(),
+        "min_pool_size" => c.min_pool_size.to_string(),
+        "server_reset_query" => c.server_reset_query.clone(),
+        "query_wait_timeout" => c.query_wait_timeout.to_string(),
+        "server_connect_timeout" => c.server_connect_timeout.to_string(),
+        "client_idle_timeout" => c.client_idle_timeout.to_string(),
+        "idle_transaction_timeout" => c.idle_transaction_timeout.to_string(),
+        "server_idle_timeout" => c.server_idle_timeout.to_string(),
+        "server_lifetime" => c.server_lifetime.to_string(),
+        "server_check_delay" => c.server_check_delay.to_string(),
+        "auth_timeout" => c.auth_timeout.to_string(),
+        "shutdown_timeout" => c.shutdown_timeout.to_string(),
+        "max_message_size" => c.max_message_size.to_string(),
+        "max_buffered_message" => c.max_buffered_message.to_string(),
+        "max_buffered_total" => c.max_buffered_total.to_string(),
+        "prepared_statements" => c.prepared_statements.to_string(),
+        "auth.method" => c.auth.method.to_string(),
+        "hooks.enabled" => hooks_enabled.to_string(),
+        "hooks.dir" => c.hooks.dir.display().to_string(),
+        "hooks.timeout_ms" => c.hooks.timeout_ms.to_string(),
+        "hooks.memory_limit_mb" => c.hooks.memory_limit_mb.to_string(),
+        "log.level" => c.log.level.clone(),
+        "log.connections" => c.log.connections.to_string(),
+        "log.disconnections" => c.log.disconnections.to_string(),
+        _ => return None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
-    use super::config_rows;
+    use super::{config_rows, shown_value};
+    use crate::config::settings::SETTINGS;
     use crate::config::Config;
 
     /// SHOW CONFIG's rows for a file that sets nothing, and for one that
@@ -471,6 +431,9 @@ mod tests {
                 .collect()
         };
         let c = Config::from_yaml("{}\n", "t.yaml").unwrap();
+        for s in SETTINGS.iter().filter(|s| s.show) {
+            assert!(shown_value(&c, true, s.key).is_some(), "{}", s.key);
+        }
         assert_eq!(
             text(config_rows(&c, true)),
             [

@@ -86,7 +86,7 @@ pub enum TlsMode {
 #[serde(deny_unknown_fields)]
 pub struct TlsConfig {
     /// `allow` when the section is present; `disable` when it is absent.
-    #[serde(default = "allow")]
+    #[serde(default = "super::defaults::tls_mode")]
     pub mode: TlsMode,
     /// Certificate chain (PEM).
     pub cert: Option<PathBuf>,
@@ -96,17 +96,12 @@ pub struct TlsConfig {
     pub ca: Option<PathBuf>,
 }
 
-fn allow() -> TlsMode {
-    TlsMode::Allow
-}
-
 /// TLS from usher to PostgreSQL, as libpq's sslmode.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 pub enum ServerTlsMode {
     #[serde(rename = "disable")]
     Disable,
     /// TLS if the server offers it; its certificate is not checked.
-    #[default]
     #[serde(rename = "prefer")]
     Prefer,
     /// TLS or no connection; the certificate is not checked.

@@ -326,11 +326,14 @@ impl Configured {
             key: key.to_string(),
             message,
         };
-        let client_tls = ClientTls::from_config(&config.tls).map_err(|(k, m)| err(k, m))?;
+        let client_tls =
+            ClientTls::from_config(&config.tls).map_err(|i| i.in_file(&config.source))?;
         let mut server_tls = HashMap::new();
         for (name, db) in &config.databases {
-            let tls = ServerTls::from_config(db)
-                .map_err(|(k, m)| err(&format!("databases.{name}.{k}"), m))?;
+            let tls = ServerTls::from_config(db).map_err(|i| {
+                i.under(&format!("databases.{name}"))
+                    .in_file(&config.source)
+            })?;
             server_tls.insert(name.clone(), tls);
         }
         let credentials = Credentials::load(&config, &server_tls)?;

@@ -5,7 +5,7 @@
 //! and the need for `hooks.query` are checked when the rules are compiled
 //! (`hooks::builtin`), with errors that name the key all the same.
 
-use super::ConfigError;
+use super::ConfigIssue;
 use serde::{Deserialize, Deserializer};
 use std::fmt;
 use std::path::PathBuf;
@@ -174,12 +174,8 @@ fn sqlstate<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error>
 }
 
 /// Numeric limits of `auth_monitor`.
-pub(super) fn validate(m: &AuthMonitorConfig, file: &str) -> Result<(), ConfigError> {
-    let err = |key: &str, message: &str| ConfigError {
-        file: file.to_string(),
-        key: format!("auth_monitor.{key}"),
-        message: message.to_string(),
-    };
+pub(super) fn validate(m: &AuthMonitorConfig) -> Result<(), ConfigIssue> {
+    let err = |key: &str, message: &str| ConfigIssue::new(key, message).under("auth_monitor");
     let seconds = |v: f64| v > 0.0 && v.is_finite();
     if !seconds(m.save_interval_s) {
         return Err(err(

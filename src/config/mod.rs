@@ -442,6 +442,67 @@ mod defaults {
     }
 }
 
+/// The admin console's database (`psql -d usher`).
+pub const ADMIN_DATABASE: &str = "usher";
+
+/// The database names that reach the admin console: usher's, and
+/// PgBouncer's, so that PgBouncer tools work. No `databases` key may use them.
+pub const ADMIN_DATABASES: [&str; 2] = [ADMIN_DATABASE, "pgbouncer"];
+
+/// True for the database names that reach the console.
+pub fn is_admin_database(name: &str) -> bool {
+    ADMIN_DATABASES.contains(&name)
+}
+
+/// Checks a `log.level` value: a tracing filter.
+pub fn check_log_level(filter: &str) -> Result<(), ConfigIssue> {
+    tracing_subscriber::EnvFilter::try_new(filter)
+        .map(|_| ())
+        .map_err(|e| {
+            ConfigIssue::new(
+                "log.level",
+                format!("expected a tracing filter such as `info` or `usher=debug,warn`: {e}"),
+            )
+        })
+}
+
+/// One thing wrong with the configuration: the key (a dotted path) and
+/// what was expected. Validation returns it; where the file is known it
+/// becomes a [`ConfigError`] ([`ConfigIssue::in_file`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{key}: {message}")]
+pub struct ConfigIssue {
+    pub key: String,
+    pub message: String,
+}
+
+impl ConfigIssue {
+    pub fn new(key: impl Into<String>, message: impl Into<String>) -> ConfigIssue {
+        ConfigIssue {
+            key: key.into(),
+            message: message.into(),
+        }
+    }
+
+    /// The same issue under a section: `tls_ca` under `databases.app` is
+    /// `databases.app.tls_ca`.
+    pub fn under(self, section: &str) -> ConfigIssue {
+        ConfigIssue {
+            key: format!("{section}.{}", self.key),
+            message: self.message,
+        }
+    }
+
+    /// The error that names the file too.
+    pub fn in_file(self, file: &str) -> ConfigError {
+        ConfigError {
+            file: file.to_string(),
+            key: self.key,
+            message: self.message,
+        }
+    }
+}
+
 /// A configuration that could not be loaded: which file, which key, what was wrong.
 #[derive(Debug, thiserror::Error)]
 #[error("{file}: {key}: {message}")]
@@ -480,28 +541,19 @@ impl Config {
         })?;
         let mut config = config;
         config.source = file.to_string();
-        config.validate(file)?;
+        config.validate().map_err(|issue| issue.in_file(file))?;
         Ok(config)
     }
 
-    fn validate(&self, file: &str) -> Result<(), ConfigError> {
-        let err = |key: &str, message: &str| ConfigError {
-            file: file.to_string(),
-            key: key.to_string(),
-            message: message.to_string(),
-        };
+    fn validate(&self) -> Result<(), ConfigIssue> {
+        let err = |key: &str, message: &str| ConfigIssue::new(key, message);
         if self.max_client_conn == 0 {
             return Err(err("max_client_conn", "expected a number greater than 0"));
         }
         if self.pool_size == 0 {
             return Err(err("pool_size", "expected a number greater than 0"));
         }
-        if let Err(e) = crate::logging::check_level(&self.log.level) {
-            return Err(err(
-                "log.level",
-                &format!("expected a tracing filter such as `info` or `usher=debug,warn`: {e}"),
-            ));
-        }
+        check_log_level(&self.log.level)?;
         for (key, v) in [
             ("query_wait_timeout", self.query_wait_timeout),
             ("server_connect_timeout", self.server_connect_timeout),
@@ -576,7 +628,7 @@ impl Config {
                     ));
                 }
             }
-            if name == crate::admin::ADMIN_DATABASE || name == "pgbouncer" {
+            if is_admin_database(name) {
                 return Err(err(
                     &format!("databases.{name}"),
                     "this name is reserved for the admin console",
@@ -653,9 +705,9 @@ impl Config {
             }
         }
         if let Some(m) = &self.auth_monitor {
-            builtins::validate(m, file)?;
+            builtins::validate(m)?;
         }
-        security::validate(self, file)
+        security::validate(self)
     }
 
     /// The pool mode for a (database, user): user setting, then database, then global.
@@ -842,6 +894,30 @@ mod tests {
             "{}",
             e.message
         );
+    }
+
+    #[test]
+    fn the_admin_database_names_are_reserved() {
+        for name in ADMIN_DATABASES {
+            let e = Config::from_yaml(&format!("databases: {{ {name}: {{}} }}\n"), "r.yaml")
+                .unwrap_err();
+            assert_eq!(e.key, format!("databases.{name}"));
+            assert!(is_admin_database(name));
+        }
+        assert!(!is_admin_database("app"));
+    }
+
+    #[test]
+    fn an_issue_becomes_an_error_naming_the_file() {
+        let e = ConfigIssue::new("tls_ca", "expected a CA file (PEM)")
+            .under("databases.app")
+            .in_file("c.yaml");
+        assert_eq!(
+            e.to_string(),
+            "c.yaml: databases.app.tls_ca: expected a CA file (PEM)"
+        );
+        let e = Config::from_yaml("log: { level: \"usher=loud\" }\n", "l.yaml").unwrap_err();
+        assert_eq!((e.file.as_str(), e.key.as_str()), ("l.yaml", "log.level"));
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! the checks that tie them together. Files named here (certificates, the
 //! userlist, a pg_hba.conf) are read when the app is built, not here.
 
-use super::{AuthMethod, Config, ConfigError, UserConfig};
+use super::{AuthMethod, Config, ConfigIssue, UserConfig};
 use serde::{Deserialize, Deserializer};
 use std::fmt;
 use std::path::PathBuf;
@@ -180,12 +180,8 @@ pub struct HbaRuleConfig {
 }
 
 /// Checks that the security keys fit together.
-pub(super) fn validate(config: &Config, file: &str) -> Result<(), ConfigError> {
-    let err = |key: &str, message: String| ConfigError {
-        file: file.to_string(),
-        key: key.to_string(),
-        message,
-    };
+pub(super) fn validate(config: &Config) -> Result<(), ConfigIssue> {
+    let err = |key: &str, message: String| ConfigIssue::new(key, message);
     let tls = &config.tls;
     if tls.mode != TlsMode::Disable {
         for (key, value) in [("tls.cert", &tls.cert), ("tls.key", &tls.key)] {

@@ -4,7 +4,7 @@
 use crate::accept::AcceptBackoff;
 use crate::auth::hba::Hba;
 use crate::auth::{AuthAttempt, Credentials};
-use crate::config::{Config, ConfigError, HbaMethod, OnError};
+use crate::config::{settings, Config, ConfigError, HbaMethod, OnError};
 use crate::frontend::prepared::StatementRegistry;
 use crate::frontend::registry::ClientRegistry;
 use crate::frontend::slots::LoginSlots;
@@ -279,29 +279,41 @@ impl App {
     }
 }
 
-/// The keys a reload cannot apply: where the new file changes one, the
-/// running value is put back into `new` (so SHOW CONFIG tells the truth)
-/// and the key is returned.
+/// The keys a reload cannot apply (the settings table's restart units):
+/// where the new file changes one, the running value is put back into
+/// `new` (so SHOW CONFIG tells the truth) and the key is returned.
 fn hold_restart_only_keys(old: &Config, new: &mut Config) -> Vec<&'static str> {
-    let mut held = Vec::new();
+    settings::restart_units()
+        .filter(|key| hold(old, new, key) == Some(true))
+        .collect()
+}
+
+/// Puts `old`'s value of `key` back into `new`; whether it differed, or
+/// `None` for a key this does not know (a unit test asks for every
+/// restart unit).
+fn hold(old: &Config, new: &mut Config, key: &str) -> Option<bool> {
     macro_rules! hold {
-        ($($field:ident).+) => {
-            if format!("{:?}", old.$($field).+) != format!("{:?}", new.$($field).+) {
+        ($($field:ident).+) => {{
+            let changed = format!("{:?}", old.$($field).+) != format!("{:?}", new.$($field).+);
+            if changed {
                 new.$($field).+ = old.$($field).+.clone();
-                held.push(stringify!($($field).+));
             }
-        };
+            changed
+        }};
     }
-    hold!(listen);
-    hold!(metrics.listen);
-    hold!(metrics.max_connections);
-    hold!(metrics.request_timeout);
-    hold!(log.format);
-    hold!(max_auth_clients);
-    hold!(auth_monitor);
-    hold!(hooks.query);
-    hold!(hooks.shared_max_keys);
-    held
+    Some(match key {
+        "listen" => hold!(listen),
+        "metrics.listen" => hold!(metrics.listen),
+        "metrics.max_connections" => hold!(metrics.max_connections),
+        "metrics.request_timeout" => hold!(metrics.request_timeout),
+        "max_auth_clients" => hold!(max_auth_clients),
+        "hooks.query" => hold!(hooks.query),
+        "hooks.roles_refresh_s" => hold!(hooks.roles_refresh_s),
+        "hooks.shared_max_keys" => hold!(hooks.shared_max_keys),
+        "log.format" => hold!(log.format),
+        "auth_monitor" => hold!(auth_monitor),
+        _ => return None,
+    })
 }
 
 impl Configured {
@@ -314,11 +326,14 @@ impl Configured {
             key: key.to_string(),
             message,
         };
-        let client_tls = ClientTls::from_config(&config.tls).map_err(|(k, m)| err(k, m))?;
+        let client_tls =
+            ClientTls::from_config(&config.tls).map_err(|i| i.in_file(&config.source))?;
         let mut server_tls = HashMap::new();
         for (name, db) in &config.databases {
-            let tls = ServerTls::from_config(db)
-                .map_err(|(k, m)| err(&format!("databases.{name}.{k}"), m))?;
+            let tls = ServerTls::from_config(db).map_err(|i| {
+                i.under(&format!("databases.{name}"))
+                    .in_file(&config.source)
+            })?;
             server_tls.insert(name.clone(), tls);
         }
         let credentials = Credentials::load(&config, &server_tls)?;
@@ -623,5 +638,29 @@ mod tests {
         assert_eq!(new.metrics.listen, old.metrics.listen);
         assert_eq!(new.max_auth_clients, old.max_auth_clients);
         assert_eq!(new.pool_size, 5, "what a reload can apply is kept");
+    }
+
+    #[test]
+    fn every_restart_unit_of_the_table_can_be_held() {
+        let old = Config::from_yaml("{}\n", "a.yaml").unwrap();
+        for key in settings::restart_units() {
+            let mut new = old.clone();
+            assert_eq!(hold(&old, &mut new, key), Some(false), "{key}");
+        }
+        assert_eq!(
+            settings::restart_units().collect::<Vec<_>>(),
+            [
+                "listen",
+                "metrics.listen",
+                "metrics.max_connections",
+                "metrics.request_timeout",
+                "max_auth_clients",
+                "hooks.query",
+                "hooks.roles_refresh_s",
+                "hooks.shared_max_keys",
+                "log.format",
+                "auth_monitor",
+            ]
+        );
     }
 }

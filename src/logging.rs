@@ -73,11 +73,10 @@ pub fn set_level(filter: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Checks a `log.level` filter (for configuration validation).
+/// Checks a `log.level` filter (configuration validation does it with
+/// [`crate::config::check_log_level`]; this is its message alone).
 pub fn check_level(filter: &str) -> Result<(), String> {
-    EnvFilter::try_new(filter)
-        .map(|_| ())
-        .map_err(|e| e.to_string())
+    crate::config::check_log_level(filter).map_err(|issue| issue.message)
 }
 
 /// The filter for `level`; an invalid one (which validation refuses) falls

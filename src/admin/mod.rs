@@ -21,13 +21,9 @@ use bytes::BytesMut;
 use std::sync::Arc;
 use tokio::io::AsyncWriteExt;
 
-/// The name of the admin console's database.
-pub const ADMIN_DATABASE: &str = "usher";
-
-/// True for the database names that reach the console.
-pub fn is_admin_database(name: &str) -> bool {
-    name == ADMIN_DATABASE || name == "pgbouncer"
-}
+/// The console's database names are the configuration's (no `databases`
+/// key may take them).
+pub use crate::config::{is_admin_database, ADMIN_DATABASE};
 
 /// What a console user may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,6 +8,8 @@
 
 use super::Reply;
 use crate::app::App;
+use crate::config::settings::{Reload, SettingDefault, SETTINGS};
+use crate::config::Config;
 use crate::frontend::registry::ClientState;
 use crate::pool::Pool;
 use std::collections::{BTreeMap, HashMap};
@@ -346,103 +348,176 @@ pub(super) fn show_lists(app: &App) -> Reply {
 }
 
 pub(super) fn show_config(app: &App) -> Reply {
-    let c = app.config();
+    let rows = config_rows(&app.config(), app.hooks.enabled());
+    Reply::rows(&["key", "value", "default", "changeable"], rows)
+}
+
+/// SHOW CONFIG's rows: key, value, default, changeable, for the keys the
+/// settings table marks `show`, in its order. `hooks_enabled` is the live
+/// switch (ENABLE/DISABLE HOOKS), not the file's value.
+fn config_rows(c: &Config, hooks_enabled: bool) -> Vec<Vec<Option<String>>> {
     let yes = |b: bool| Some(if b { "yes" } else { "no" }.to_string());
-    // A reload applies every key but these (SHOW CONFIG's `changeable`).
-    let fixed = ["listen", "max_auth_clients"];
-    let rows: Vec<(&str, String, &str)> = vec![
-        ("listen", c.listen.to_string(), "127.0.0.1:6432"),
-        ("max_client_conn", c.max_client_conn.to_string(), "10000"),
-        ("max_auth_clients", c.max_auth_clients.to_string(), "1000"),
-        (
-            "max_auth_clients_per_address",
-            c.max_auth_clients_per_address.to_string(),
-            "100",
-        ),
-        ("pool_mode", c.pool_mode.to_string(), "transaction"),
-        ("pool_size", c.pool_size.to_string(), "20"),
-        ("min_pool_size", c.min_pool_size.to_string(), "0"),
-        (
-            "server_reset_query",
-            c.server_reset_query.clone(),
-            "DISCARD ALL",
-        ),
-        (
-            "query_wait_timeout",
-            c.query_wait_timeout.to_string(),
-            "120",
-        ),
-        (
-            "server_connect_timeout",
-            c.server_connect_timeout.to_string(),
-            "15",
-        ),
-        (
-            "client_idle_timeout",
-            c.client_idle_timeout.to_string(),
-            "0",
-        ),
-        (
-            "idle_transaction_timeout",
-            c.idle_transaction_timeout.to_string(),
-            "0",
-        ),
-        (
-            "server_idle_timeout",
-            c.server_idle_timeout.to_string(),
-            "600",
-        ),
-        ("server_lifetime", c.server_lifetime.to_string(), "3600"),
-        ("server_check_delay", c.server_check_delay.to_string(), "30"),
-        ("auth_timeout", c.auth_timeout.to_string(), "60"),
-        ("shutdown_timeout", c.shutdown_timeout.to_string(), "30"),
-        (
-            "max_message_size",
-            c.max_message_size.to_string(),
-            "268435456",
-        ),
-        (
-            "max_buffered_message",
-            c.max_buffered_message.to_string(),
-            "16777216",
-        ),
-        (
-            "max_buffered_total",
-            c.max_buffered_total.to_string(),
-            "536870912",
-        ),
-        (
-            "prepared_statements",
-            c.prepared_statements.to_string(),
-            "200",
-        ),
-        ("auth.method", c.auth.method.to_string(), "scram-sha-256"),
-        ("hooks.enabled", app.hooks.enabled().to_string(), "true"),
-        ("hooks.dir", c.hooks.dir.display().to_string(), "hooks"),
-        ("hooks.timeout_ms", c.hooks.timeout_ms.to_string(), "100"),
-        (
-            "hooks.memory_limit_mb",
-            c.hooks.memory_limit_mb.to_string(),
-            "32",
-        ),
-        ("log.level", c.log.level.clone(), "info"),
-        ("log.connections", c.log.connections.to_string(), "true"),
-        (
-            "log.disconnections",
-            c.log.disconnections.to_string(),
-            "true",
-        ),
-    ];
-    let rows = rows
-        .into_iter()
-        .map(|(k, v, d)| {
+    SETTINGS
+        .iter()
+        .filter(|s| s.show)
+        .map(|s| {
+            let default = match s.default {
+                SettingDefault::Value(v) | SettingDefault::Text(v) => v,
+            };
             vec![
-                Some(k.to_string()),
-                Some(v),
-                Some(d.to_string()),
-                yes(!fixed.contains(&k)),
+                Some(s.key.to_string()),
+                shown_value(c, hooks_enabled, s.key),
+                Some(default.to_string()),
+                yes(s.reload != Reload::Restart),
             ]
         })
-        .collect();
-    Reply::rows(&["key", "value", "default", "changeable"], rows)
+        .collect()
+}
+
+/// The running value of a key SHOW CONFIG shows.
+fn shown_value(c: &Config, hooks_enabled: bool, key: &str) -> Option<String> {
+    Some(match key {
+        "listen" => c.listen.to_string(),
+        "max_client_conn" => c.max_client_conn.to_string(),
+        "max_auth_clients" => c.max_auth_clients.to_string(),
+        "max_auth_clients_per_address" => c.max_auth_clients_per_address.to_string(),
+        "pool_mode" => c.pool_mode.to_string(),
+        "pool_size" => c.pool_size.to_string(),
+        "min_pool_size" => c.min_pool_size.to_string(),
+        "server_reset_query" => c.server_reset_query.clone(),
+        "query_wait_timeout" => c.query_wait_timeout.to_string(),
+        "server_connect_timeout" => c.server_connect_timeout.to_string(),
+        "client_idle_timeout" => c.client_idle_timeout.to_string(),
+        "idle_transaction_timeout" => c.idle_transaction_timeout.to_string(),
+        "server_idle_timeout" => c.server_idle_timeout.to_string(),
+        "server_lifetime" => c.server_lifetime.to_string(),
+        "server_check_delay" => c.server_check_delay.to_string(),
+        "auth_timeout" => c.auth_timeout.to_string(),
+        "shutdown_timeout" => c.shutdown_timeout.to_string(),
+        "max_message_size" => c.max_message_size.to_string(),
+        "max_buffered_message" => c.max_buffered_message.to_string(),
+        "max_buffered_total" => c.max_buffered_total.to_string(),
+        "prepared_statements" => c.prepared_statements.to_string(),
+        "auth.method" => c.auth.method.to_string(),
+        "hooks.enabled" => hooks_enabled.to_string(),
+        "hooks.dir" => c.hooks.dir.display().to_string(),
+        "hooks.timeout_ms" => c.hooks.timeout_ms.to_string(),
+        "hooks.memory_limit_mb" => c.hooks.memory_limit_mb.to_string(),
+        "log.level" => c.log.level.clone(),
+        "log.connections" => c.log.connections.to_string(),
+        "log.disconnections" => c.log.disconnections.to_string(),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{config_rows, shown_value};
+    use crate::config::settings::SETTINGS;
+    use crate::config::Config;
+
+    /// SHOW CONFIG's rows for a file that sets nothing, and for one that
+    /// sets every shown key: the output PgBouncer tools read, pinned.
+    #[test]
+    fn show_config_rows_are_pinned() {
+        let text = |rows: Vec<Vec<Option<String>>>| -> Vec<String> {
+            rows.into_iter()
+                .map(|r| {
+                    r.into_iter()
+                        .map(|c| c.unwrap_or_default())
+                        .collect::<Vec<_>>()
+                        .join("|")
+                })
+                .collect()
+        };
+        let c = Config::from_yaml("{}\n", "t.yaml").unwrap();
+        for s in SETTINGS.iter().filter(|s| s.show) {
+            assert!(shown_value(&c, true, s.key).is_some(), "{}", s.key);
+        }
+        assert_eq!(
+            text(config_rows(&c, true)),
+            [
+                "listen|127.0.0.1:6432|127.0.0.1:6432|no",
+                "max_client_conn|10000|10000|yes",
+                "max_auth_clients|1000|1000|no",
+                "max_auth_clients_per_address|100|100|yes",
+                "pool_mode|transaction|transaction|yes",
+                "pool_size|20|20|yes",
+                "min_pool_size|0|0|yes",
+                "server_reset_query|DISCARD ALL|DISCARD ALL|yes",
+                "query_wait_timeout|120|120|yes",
+                "server_connect_timeout|15|15|yes",
+                "client_idle_timeout|0|0|yes",
+                "idle_transaction_timeout|0|0|yes",
+                "server_idle_timeout|600|600|yes",
+                "server_lifetime|3600|3600|yes",
+                "server_check_delay|30|30|yes",
+                "auth_timeout|60|60|yes",
+                "shutdown_timeout|30|30|yes",
+                "max_message_size|268435456|268435456|yes",
+                "max_buffered_message|16777216|16777216|yes",
+                "max_buffered_total|536870912|536870912|yes",
+                "prepared_statements|200|200|yes",
+                "auth.method|scram-sha-256|scram-sha-256|yes",
+                "hooks.enabled|true|true|yes",
+                "hooks.dir|hooks|hooks|yes",
+                "hooks.timeout_ms|100|100|yes",
+                "hooks.memory_limit_mb|32|32|yes",
+                "log.level|info|info|yes",
+                "log.connections|true|true|yes",
+                "log.disconnections|true|true|yes",
+            ]
+        );
+        let c = Config::from_yaml(
+            "listen: 0.0.0.0:7000\nmax_client_conn: 5\nmax_auth_clients: 6\n\
+             max_auth_clients_per_address: 2\npool_mode: session\npool_size: 7\n\
+             min_pool_size: 1\nserver_reset_query: ''\nquery_wait_timeout: 1.5\n\
+             server_connect_timeout: 2\nclient_idle_timeout: 3\nidle_transaction_timeout: 4\n\
+             server_idle_timeout: 5\nserver_lifetime: 6\nserver_check_delay: 0\n\
+             auth_timeout: 8\nshutdown_timeout: 9\nmax_message_size: 2048\n\
+             max_buffered_message: 1024\nmax_buffered_total: 4096\nprepared_statements: 0\n\
+             auth: { method: md5 }\nhooks: { enabled: false, dir: h, timeout_ms: 5, memory_limit_mb: 8 }\n\
+             log: { level: debug, connections: false, disconnections: false }\n",
+            "t.yaml",
+        )
+        .unwrap();
+        let values: Vec<String> = config_rows(&c, false)
+            .into_iter()
+            .map(|r| r[1].clone().unwrap_or_default())
+            .collect();
+        assert_eq!(
+            values,
+            [
+                "0.0.0.0:7000",
+                "5",
+                "6",
+                "2",
+                "session",
+                "7",
+                "1",
+                "",
+                "1.5",
+                "2",
+                "3",
+                "4",
+                "5",
+                "6",
+                "0",
+                "8",
+                "9",
+                "2048",
+                "1024",
+                "4096",
+                "0",
+                "md5",
+                "false",
+                "h",
+                "5",
+                "8",
+                "debug",
+                "false",
+                "false",
+            ]
+        );
+    }
 }

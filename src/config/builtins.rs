@@ -5,7 +5,7 @@
 //! and the need for `hooks.query` are checked when the rules are compiled
 //! (`hooks::builtin`), with errors that name the key all the same.
 
-use super::ConfigError;
+use super::ConfigIssue;
 use serde::{Deserialize, Deserializer};
 use std::fmt;
 use std::path::PathBuf;
@@ -15,7 +15,7 @@ use std::path::PathBuf;
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AuthMonitorConfig {
-    #[serde(default = "defaults::yes")]
+    #[serde(default = "defaults::enabled")]
     pub enabled: bool,
     /// Where the counters are kept across restarts; none: memory only.
     pub state_file: Option<PathBuf>,
@@ -49,10 +49,10 @@ pub struct LockoutConfig {
     #[serde(default = "defaults::duration_s")]
     pub duration_s: f64,
     /// Lock the user name that failed.
-    #[serde(default = "defaults::yes")]
+    #[serde(default = "defaults::by_role")]
     pub by_role: bool,
     /// Lock the client address that failed.
-    #[serde(default = "defaults::yes")]
+    #[serde(default = "defaults::by_address")]
     pub by_address: bool,
 }
 
@@ -174,12 +174,8 @@ fn sqlstate<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error>
 }
 
 /// Numeric limits of `auth_monitor`.
-pub(super) fn validate(m: &AuthMonitorConfig, file: &str) -> Result<(), ConfigError> {
-    let err = |key: &str, message: &str| ConfigError {
-        file: file.to_string(),
-        key: format!("auth_monitor.{key}"),
-        message: message.to_string(),
-    };
+pub(super) fn validate(m: &AuthMonitorConfig) -> Result<(), ConfigIssue> {
+    let err = |key: &str, message: &str| ConfigIssue::new(key, message).under("auth_monitor");
     let seconds = |v: f64| super::usable_seconds(v, false);
     if !seconds(m.save_interval_s) {
         return Err(err(
@@ -222,29 +218,17 @@ pub(super) fn validate(m: &AuthMonitorConfig, file: &str) -> Result<(), ConfigEr
 }
 
 mod defaults {
-    pub fn yes() -> bool {
-        true
-    }
-    pub fn save_interval_s() -> f64 {
-        10.0
-    }
-    pub fn max_roles() -> usize {
-        1024
-    }
-    pub fn max_unknown_names() -> usize {
-        100
-    }
-    pub fn max_addresses() -> usize {
-        1024
-    }
-    pub fn max_failures() -> u32 {
-        10
-    }
-    pub fn window_s() -> f64 {
-        60.0
-    }
-    pub fn duration_s() -> f64 {
-        300.0
+    super::super::settings::defaults_from_table! {
+        enabled: bool = "auth_monitor.enabled";
+        save_interval_s: f64 = "auth_monitor.save_interval_s";
+        max_roles: usize = "auth_monitor.max_roles";
+        max_unknown_names: usize = "auth_monitor.max_unknown_names";
+        max_addresses: usize = "auth_monitor.max_addresses";
+        max_failures: u32 = "auth_monitor.lockout.max_failures";
+        window_s: f64 = "auth_monitor.lockout.window_s";
+        duration_s: f64 = "auth_monitor.lockout.duration_s";
+        by_role: bool = "auth_monitor.lockout.by_role";
+        by_address: bool = "auth_monitor.lockout.by_address";
     }
 }
 

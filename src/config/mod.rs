@@ -7,6 +7,7 @@
 
 pub mod builtins;
 pub mod security;
+pub mod settings;
 
 pub use builtins::{
     AuthMonitorConfig, BlockAction, BlockRuleConfig, BlockingConfig, LockoutConfig,
@@ -88,16 +89,16 @@ pub struct Config {
     #[serde(default = "defaults::server_reset_query")]
     pub server_reset_query: String,
     /// Server connections opened ahead of demand per (database, user).
-    #[serde(default)]
+    #[serde(default = "defaults::min_pool_size")]
     pub min_pool_size: usize,
     /// Seconds a client may wait for a server connection before it gets an error.
     #[serde(default = "defaults::query_wait_timeout")]
     pub query_wait_timeout: f64,
     /// Seconds an idle client may stay connected; 0 = forever.
-    #[serde(default)]
+    #[serde(default = "defaults::client_idle_timeout")]
     pub client_idle_timeout: f64,
     /// Seconds a client may sit idle inside a transaction; 0 = forever.
-    #[serde(default)]
+    #[serde(default = "defaults::idle_transaction_timeout")]
     pub idle_transaction_timeout: f64,
     /// Seconds an unused server connection stays open in the pool; 0 = forever.
     #[serde(default = "defaults::server_idle_timeout")]
@@ -198,11 +199,10 @@ impl Default for MetricsConfig {
 }
 
 /// What a client_connection hook failure does to the client.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OnError {
     /// Refuse the client (fail closed).
-    #[default]
     Reject,
     /// Let the client in.
     Allow,
@@ -213,7 +213,7 @@ pub enum OnError {
 #[serde(deny_unknown_fields)]
 pub struct HooksConfig {
     /// The global switch (also ENABLE/DISABLE HOOKS, --no-hooks, USHER_HOOKS=off).
-    #[serde(default = "defaults::yes")]
+    #[serde(default = "defaults::hooks_enabled")]
     pub enabled: bool,
     /// Folder of Lua hook files, relative to the working directory.
     #[serde(default = "defaults::hooks_dir")]
@@ -224,10 +224,10 @@ pub struct HooksConfig {
     /// Memory limit of one Lua VM, in MiB.
     #[serde(default = "defaults::hooks_memory_limit_mb")]
     pub memory_limit_mb: usize,
-    #[serde(default)]
+    #[serde(default = "defaults::hooks_on_error")]
     pub on_error: OnError,
     /// Idle Lua VMs kept for reuse; 0 = twice the number of cores.
-    #[serde(default)]
+    #[serde(default = "defaults::hooks_vms")]
     pub vms: usize,
     /// Where `usher.query` and the role graph ask their questions.
     pub query: Option<HookQueryConfig>,
@@ -302,7 +302,7 @@ impl AuthConfig {
     /// The auth query, when `user` is set.
     pub fn effective_query(&self) -> Option<&str> {
         self.user.as_ref()?;
-        Some(self.query.as_deref().unwrap_or(defaults::AUTH_QUERY))
+        Some(self.query.as_deref().unwrap_or(defaults::auth_query()))
     }
 }
 
@@ -317,7 +317,7 @@ pub struct DatabaseConfig {
     /// Name on the server; defaults to the key.
     pub dbname: Option<String>,
     /// TLS to the server: disable | prefer | require | verify-full.
-    #[serde(default)]
+    #[serde(default = "defaults::server_tls")]
     pub tls: ServerTlsMode,
     /// CA file (PEM) the server's certificate must chain to (verify-full).
     pub tls_ca: Option<std::path::PathBuf>,
@@ -348,10 +348,10 @@ pub struct UserConfig {
 #[serde(deny_unknown_fields)]
 pub struct AdminConfig {
     /// May use the admin console (database `usher`).
-    #[serde(default)]
+    #[serde(default = "defaults::admin_users")]
     pub users: Vec<String>,
     /// May only SHOW on the admin console.
-    #[serde(default)]
+    #[serde(default = "defaults::admin_stats_users")]
     pub stats_users: Vec<String>,
 }
 
@@ -361,137 +361,145 @@ pub struct LogConfig {
     /// A tracing filter, e.g. `info` or `usher=debug`.
     #[serde(default = "defaults::log_level")]
     pub level: String,
-    #[serde(default)]
+    #[serde(default = "defaults::log_format")]
     pub format: LogFormat,
     /// A line per connection accepted and per login (ok, or failed with
     /// the reason).
-    #[serde(default = "defaults::yes")]
+    #[serde(default = "defaults::log_connections")]
     pub connections: bool,
     /// A line per client that leaves: duration, bytes each way, reason.
-    #[serde(default = "defaults::yes")]
+    #[serde(default = "defaults::log_disconnections")]
     pub disconnections: bool,
 }
 
 impl Default for LogConfig {
     fn default() -> Self {
-        LogConfig {
-            level: defaults::log_level(),
-            format: LogFormat::Text,
-            connections: true,
-            disconnections: true,
-        }
+        serde_yaml::from_str("{}").expect("log defaults")
     }
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
-    #[default]
     Text,
     Json,
 }
 
+/// Serde's defaults, read from the settings table.
 mod defaults {
-    use super::*;
-    pub fn listen() -> SocketAddr {
-        "127.0.0.1:6432".parse().unwrap()
+    settings::defaults_from_table! {
+        listen: std::net::SocketAddr = "listen";
+        max_client_conn: usize = "max_client_conn";
+        pool_mode: super::PoolMode = "pool_mode";
+        pool_size: usize = "pool_size";
+        min_pool_size: usize = "min_pool_size";
+        server_reset_query: String = "server_reset_query";
+        query_wait_timeout: f64 = "query_wait_timeout";
+        client_idle_timeout: f64 = "client_idle_timeout";
+        idle_transaction_timeout: f64 = "idle_transaction_timeout";
+        server_connect_timeout: f64 = "server_connect_timeout";
+        auth_timeout: f64 = "auth_timeout";
+        shutdown_timeout: f64 = "shutdown_timeout";
+        server_idle_timeout: f64 = "server_idle_timeout";
+        server_lifetime: f64 = "server_lifetime";
+        server_check_delay: f64 = "server_check_delay";
+        prepared_statements: usize = "prepared_statements";
+        max_message_size: usize = "max_message_size";
+        max_buffered_message: usize = "max_buffered_message";
+        max_buffered_total: usize = "max_buffered_total";
+        max_auth_clients: usize = "max_auth_clients";
+        max_auth_clients_per_address: usize = "max_auth_clients_per_address";
+        metrics_max_connections: usize = "metrics.max_connections";
+        metrics_request_timeout: f64 = "metrics.request_timeout";
+        tls_mode: super::TlsMode = "tls.mode";
+        auth_method: super::AuthMethod = "auth.method";
+        auth_cache_ttl: f64 = "auth.cache_ttl";
+        host: String = "databases.<name>.host";
+        port: u16 = "databases.<name>.port";
+        server_tls: super::ServerTlsMode = "databases.<name>.tls";
+        admin_users: Vec<String> = "admin.users";
+        admin_stats_users: Vec<String> = "admin.stats_users";
+        log_level: String = "log.level";
+        log_format: super::LogFormat = "log.format";
+        log_connections: bool = "log.connections";
+        log_disconnections: bool = "log.disconnections";
+        hooks_enabled: bool = "hooks.enabled";
+        hooks_dir: std::path::PathBuf = "hooks.dir";
+        hooks_timeout_ms: u64 = "hooks.timeout_ms";
+        hooks_memory_limit_mb: usize = "hooks.memory_limit_mb";
+        hooks_on_error: super::OnError = "hooks.on_error";
+        hooks_vms: usize = "hooks.vms";
+        roles_refresh_s: f64 = "hooks.roles_refresh_s";
+        shared_max_keys: usize = "hooks.shared_max_keys";
+        query_pool_size: usize = "hooks.query.pool_size";
+        query_timeout_ms: u64 = "hooks.query.timeout_ms";
     }
-    pub fn max_client_conn() -> usize {
-        10_000
+    use super::settings;
+
+    /// The auth query used when `auth.user` is set and `auth.query` is not.
+    pub fn auth_query() -> &'static str {
+        settings::default_text("auth.query")
     }
-    pub fn pool_mode() -> PoolMode {
-        PoolMode::Transaction
+}
+
+/// The admin console's database (`psql -d usher`).
+pub const ADMIN_DATABASE: &str = "usher";
+
+/// The database names that reach the admin console: usher's, and
+/// PgBouncer's, so that PgBouncer tools work. No `databases` key may use them.
+pub const ADMIN_DATABASES: [&str; 2] = [ADMIN_DATABASE, "pgbouncer"];
+
+/// True for the database names that reach the console.
+pub fn is_admin_database(name: &str) -> bool {
+    ADMIN_DATABASES.contains(&name)
+}
+
+/// Checks a `log.level` value: a tracing filter.
+pub fn check_log_level(filter: &str) -> Result<(), ConfigIssue> {
+    tracing_subscriber::EnvFilter::try_new(filter)
+        .map(|_| ())
+        .map_err(|e| {
+            ConfigIssue::new(
+                "log.level",
+                format!("expected a tracing filter such as `info` or `usher=debug,warn`: {e}"),
+            )
+        })
+}
+
+/// One thing wrong with the configuration: the key (a dotted path) and
+/// what was expected. Validation returns it; where the file is known it
+/// becomes a [`ConfigError`] ([`ConfigIssue::in_file`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{key}: {message}")]
+pub struct ConfigIssue {
+    pub key: String,
+    pub message: String,
+}
+
+impl ConfigIssue {
+    pub fn new(key: impl Into<String>, message: impl Into<String>) -> ConfigIssue {
+        ConfigIssue {
+            key: key.into(),
+            message: message.into(),
+        }
     }
-    pub fn pool_size() -> usize {
-        20
+
+    /// The same issue under a section: `tls_ca` under `databases.app` is
+    /// `databases.app.tls_ca`.
+    pub fn under(self, section: &str) -> ConfigIssue {
+        ConfigIssue {
+            key: format!("{section}.{}", self.key),
+            message: self.message,
+        }
     }
-    pub fn server_reset_query() -> String {
-        "DISCARD ALL".into()
-    }
-    pub fn query_wait_timeout() -> f64 {
-        120.0
-    }
-    pub fn server_connect_timeout() -> f64 {
-        15.0
-    }
-    pub fn auth_timeout() -> f64 {
-        60.0
-    }
-    pub fn shutdown_timeout() -> f64 {
-        30.0
-    }
-    pub fn server_idle_timeout() -> f64 {
-        600.0
-    }
-    pub fn server_lifetime() -> f64 {
-        3600.0
-    }
-    pub fn server_check_delay() -> f64 {
-        30.0
-    }
-    pub fn prepared_statements() -> usize {
-        200
-    }
-    pub fn max_message_size() -> usize {
-        256 * 1024 * 1024
-    }
-    pub fn max_buffered_message() -> usize {
-        16 * 1024 * 1024
-    }
-    pub fn max_buffered_total() -> usize {
-        512 * 1024 * 1024
-    }
-    pub fn auth_method() -> AuthMethod {
-        AuthMethod::ScramSha256
-    }
-    pub fn max_auth_clients() -> usize {
-        1000
-    }
-    pub fn max_auth_clients_per_address() -> usize {
-        100
-    }
-    pub fn metrics_max_connections() -> usize {
-        64
-    }
-    pub fn metrics_request_timeout() -> f64 {
-        5.0
-    }
-    pub fn auth_cache_ttl() -> f64 {
-        10.0
-    }
-    pub const AUTH_QUERY: &str = "SELECT usename, passwd FROM pg_shadow WHERE usename = $1";
-    pub fn host() -> String {
-        "127.0.0.1".into()
-    }
-    pub fn port() -> u16 {
-        5432
-    }
-    pub fn log_level() -> String {
-        "info".into()
-    }
-    pub fn yes() -> bool {
-        true
-    }
-    pub fn hooks_dir() -> std::path::PathBuf {
-        "hooks".into()
-    }
-    pub fn hooks_timeout_ms() -> u64 {
-        100
-    }
-    pub fn hooks_memory_limit_mb() -> usize {
-        32
-    }
-    pub fn roles_refresh_s() -> f64 {
-        30.0
-    }
-    pub fn shared_max_keys() -> usize {
-        10_000
-    }
-    pub fn query_pool_size() -> usize {
-        2
-    }
-    pub fn query_timeout_ms() -> u64 {
-        1000
+
+    /// The error that names the file too.
+    pub fn in_file(self, file: &str) -> ConfigError {
+        ConfigError {
+            file: file.to_string(),
+            key: self.key,
+            message: self.message,
+        }
     }
 }
 
@@ -563,28 +571,19 @@ impl Config {
         })?;
         let mut config = config;
         config.source = file.to_string();
-        config.validate(file)?;
+        config.validate().map_err(|issue| issue.in_file(file))?;
         Ok(config)
     }
 
-    fn validate(&self, file: &str) -> Result<(), ConfigError> {
-        let err = |key: &str, message: &str| ConfigError {
-            file: file.to_string(),
-            key: key.to_string(),
-            message: message.to_string(),
-        };
+    fn validate(&self) -> Result<(), ConfigIssue> {
+        let err = |key: &str, message: &str| ConfigIssue::new(key, message);
         if self.max_client_conn == 0 {
             return Err(err("max_client_conn", "expected a number greater than 0"));
         }
         if self.pool_size == 0 {
             return Err(err("pool_size", "expected a number greater than 0"));
         }
-        if let Err(e) = crate::logging::check_level(&self.log.level) {
-            return Err(err(
-                "log.level",
-                &format!("expected a tracing filter such as `info` or `usher=debug,warn`: {e}"),
-            ));
-        }
+        check_log_level(&self.log.level)?;
         for (key, v) in [
             ("query_wait_timeout", self.query_wait_timeout),
             ("server_connect_timeout", self.server_connect_timeout),
@@ -665,7 +664,7 @@ impl Config {
                     ));
                 }
             }
-            if name == crate::admin::ADMIN_DATABASE || name == "pgbouncer" {
+            if is_admin_database(name) {
                 return Err(err(
                     &format!("databases.{name}"),
                     "this name is reserved for the admin console",
@@ -742,9 +741,9 @@ impl Config {
             }
         }
         if let Some(m) = &self.auth_monitor {
-            builtins::validate(m, file)?;
+            builtins::validate(m)?;
         }
-        security::validate(self, file)
+        security::validate(self)
     }
 
     /// The pool mode for a (database, user): user setting, then database, then global.
@@ -973,6 +972,30 @@ mod tests {
             "{}",
             e.message
         );
+    }
+
+    #[test]
+    fn the_admin_database_names_are_reserved() {
+        for name in ADMIN_DATABASES {
+            let e = Config::from_yaml(&format!("databases: {{ {name}: {{}} }}\n"), "r.yaml")
+                .unwrap_err();
+            assert_eq!(e.key, format!("databases.{name}"));
+            assert!(is_admin_database(name));
+        }
+        assert!(!is_admin_database("app"));
+    }
+
+    #[test]
+    fn an_issue_becomes_an_error_naming_the_file() {
+        let e = ConfigIssue::new("tls_ca", "expected a CA file (PEM)")
+            .under("databases.app")
+            .in_file("c.yaml");
+        assert_eq!(
+            e.to_string(),
+            "c.yaml: databases.app.tls_ca: expected a CA file (PEM)"
+        );
+        let e = Config::from_yaml("log: { level: \"usher=loud\" }\n", "l.yaml").unwrap_err();
+        assert_eq!((e.file.as_str(), e.key.as_str()), ("l.yaml", "log.level"));
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! the checks that tie them together. Files named here (certificates, the
 //! userlist, a pg_hba.conf) are read when the app is built, not here.
 
-use super::{AuthMethod, Config, ConfigError, UserConfig};
+use super::{AuthMethod, Config, ConfigIssue, UserConfig};
 use serde::{Deserialize, Deserializer};
 use std::fmt;
 use std::path::PathBuf;
@@ -86,7 +86,7 @@ pub enum TlsMode {
 #[serde(deny_unknown_fields)]
 pub struct TlsConfig {
     /// `allow` when the section is present; `disable` when it is absent.
-    #[serde(default = "allow")]
+    #[serde(default = "super::defaults::tls_mode")]
     pub mode: TlsMode,
     /// Certificate chain (PEM).
     pub cert: Option<PathBuf>,
@@ -96,17 +96,12 @@ pub struct TlsConfig {
     pub ca: Option<PathBuf>,
 }
 
-fn allow() -> TlsMode {
-    TlsMode::Allow
-}
-
 /// TLS from usher to PostgreSQL, as libpq's sslmode.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 pub enum ServerTlsMode {
     #[serde(rename = "disable")]
     Disable,
     /// TLS if the server offers it; its certificate is not checked.
-    #[default]
     #[serde(rename = "prefer")]
     Prefer,
     /// TLS or no connection; the certificate is not checked.
@@ -185,12 +180,8 @@ pub struct HbaRuleConfig {
 }
 
 /// Checks that the security keys fit together.
-pub(super) fn validate(config: &Config, file: &str) -> Result<(), ConfigError> {
-    let err = |key: &str, message: String| ConfigError {
-        file: file.to_string(),
-        key: key.to_string(),
-        message,
-    };
+pub(super) fn validate(config: &Config) -> Result<(), ConfigIssue> {
+    let err = |key: &str, message: String| ConfigIssue::new(key, message);
     let tls = &config.tls;
     if tls.mode != TlsMode::Disable {
         for (key, value) in [("tls.cert", &tls.cert), ("tls.key", &tls.key)] {

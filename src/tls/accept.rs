@@ -4,7 +4,7 @@
 //! need one.
 
 use super::{load_certs, load_key, load_roots, provider};
-use crate::config::{TlsConfig, TlsMode};
+use crate::config::{ConfigIssue, TlsConfig, TlsMode};
 use rustls::server::WebPkiClientVerifier;
 use rustls::ServerConfig;
 use std::sync::Arc;
@@ -44,31 +44,32 @@ impl std::fmt::Debug for ClientTls {
 
 impl ClientTls {
     /// `None` when TLS is off. Errors name the key and what was wrong.
-    pub fn from_config(tls: &TlsConfig) -> Result<Option<ClientTls>, (&'static str, String)> {
+    pub fn from_config(tls: &TlsConfig) -> Result<Option<ClientTls>, ConfigIssue> {
         if tls.mode == TlsMode::Disable {
             return Ok(None);
         }
         let (Some(cert), Some(key)) = (&tls.cert, &tls.key) else {
-            return Err(("tls.cert", "expected a PEM file".into()));
+            return Err(ConfigIssue::new("tls.cert", "expected a PEM file"));
         };
-        let certs = load_certs(cert).map_err(|e| ("tls.cert", e))?;
-        let key = load_key(key).map_err(|e| ("tls.key", e))?;
+        let certs = load_certs(cert).map_err(|e| ConfigIssue::new("tls.cert", e.to_string()))?;
+        let key = load_key(key).map_err(|e| ConfigIssue::new("tls.key", e.to_string()))?;
         let verifier = match &tls.ca {
             Some(ca) => {
-                let roots = load_roots(ca).map_err(|e| ("tls.ca", e))?;
+                let roots =
+                    load_roots(ca).map_err(|e| ConfigIssue::new("tls.ca", e.to_string()))?;
                 WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
                     .allow_unauthenticated()
                     .build()
-                    .map_err(|e| ("tls.ca", e.to_string()))?
+                    .map_err(|e| ConfigIssue::new("tls.ca", e.to_string()))?
             }
             None => WebPkiClientVerifier::no_client_auth(),
         };
         let mut config = ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
-            .map_err(|e| ("tls", e.to_string()))?
+            .map_err(|e| ConfigIssue::new("tls", e.to_string()))?
             .with_client_cert_verifier(verifier)
             .with_single_cert(certs, key)
-            .map_err(|e| ("tls.key", format!("does not fit tls.cert: {e}")))?;
+            .map_err(|e| ConfigIssue::new("tls.key", format!("does not fit tls.cert: {e}")))?;
         // PostgreSQL 17 clients may name the protocol; older ones send nothing.
         config.alpn_protocols = vec![b"postgresql".to_vec()];
         config.max_fragment_size = Some(MAX_RECORD_PLAINTEXT + RECORD_HEADER);

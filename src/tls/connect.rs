@@ -3,7 +3,7 @@
 //! `verify-full` (the certificate chains to `tls_ca` and names the host).
 
 use super::{load_roots, provider};
-use crate::config::{DatabaseConfig, ServerTlsMode};
+use crate::config::{ConfigIssue, DatabaseConfig, ServerTlsMode};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
@@ -38,21 +38,21 @@ impl ServerTls {
     }
 
     /// Builds the TLS settings of a database; errors name the key.
-    pub fn from_config(db: &DatabaseConfig) -> Result<ServerTls, (&'static str, String)> {
+    pub fn from_config(db: &DatabaseConfig) -> Result<ServerTls, ConfigIssue> {
         let parsed = ServerName::try_from(db.host.clone());
         let config = match db.tls {
             ServerTlsMode::Disable => return Ok(ServerTls::disabled()),
             ServerTlsMode::Prefer | ServerTlsMode::Require => {
                 ClientConfig::builder_with_provider(provider())
                     .with_safe_default_protocol_versions()
-                    .map_err(|e| ("tls", e.to_string()))?
+                    .map_err(|e| ConfigIssue::new("tls", e.to_string()))?
                     .dangerous()
                     .with_custom_certificate_verifier(Arc::new(Unverified(provider())))
                     .with_no_client_auth()
             }
             ServerTlsMode::VerifyFull => {
                 if parsed.is_err() {
-                    return Err((
+                    return Err(ConfigIssue::new(
                         "host",
                         format!(
                             "verify-full needs a host name or IP address to check the certificate against, got `{}`",
@@ -61,12 +61,13 @@ impl ServerTls {
                     ));
                 }
                 let Some(ca) = &db.tls_ca else {
-                    return Err(("tls_ca", "expected a CA file (PEM)".into()));
+                    return Err(ConfigIssue::new("tls_ca", "expected a CA file (PEM)"));
                 };
-                let roots = load_roots(ca).map_err(|e| ("tls_ca", e))?;
+                let roots =
+                    load_roots(ca).map_err(|e| ConfigIssue::new("tls_ca", e.to_string()))?;
                 ClientConfig::builder_with_provider(provider())
                     .with_safe_default_protocol_versions()
-                    .map_err(|e| ("tls", e.to_string()))?
+                    .map_err(|e| ConfigIssue::new("tls", e.to_string()))?
                     .with_root_certificates(roots)
                     .with_no_client_auth()
             }

@@ -193,7 +193,7 @@ impl App {
             shutdown: watch::channel(false).0,
             drain: watch::channel(false).0,
         });
-        let settings = App::lua_settings(&config);
+        let settings = LuaSettings::from_config(&config);
         match app.reload_hooks_with(settings) {
             Ok(n) => tracing::info!(files = n, enabled, "hooks loaded"),
             Err(errors) if !enabled => {
@@ -242,7 +242,7 @@ impl App {
         let new = configured.config.clone();
         let s = &self.lua_services;
         let blocking = Builtins::blocking(&new, &s.roles, &s.query).map_err(ReloadError::Config)?;
-        let engine = LuaEngine::load(App::lua_settings(&new), self.lua_services.clone())
+        let engine = LuaEngine::load(LuaSettings::from_config(&new), self.lua_services.clone())
             .map_err(ReloadError::Hooks)?;
         // Everything is valid: swap it in.
         self.configured.store(configured.clone());
@@ -381,22 +381,10 @@ impl Configured {
 }
 
 impl App {
-    /// The Lua engine settings from the configuration.
-    pub fn lua_settings(config: &Config) -> LuaSettings {
-        let h = &config.hooks;
-        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-        LuaSettings {
-            dir: h.dir.clone(),
-            timeout: Duration::from_millis(h.timeout_ms),
-            memory_limit: h.memory_limit_mb * 1024 * 1024,
-            max_idle_vms: if h.vms == 0 { cores * 2 } else { h.vms },
-        }
-    }
-
     /// Compiles the hook files anew and swaps them in; if any file fails,
     /// the running set stays. Returns how many files were loaded.
     pub fn reload_hooks(&self) -> Result<usize, Vec<LoadError>> {
-        self.reload_hooks_with(App::lua_settings(&self.config()))
+        self.reload_hooks_with(LuaSettings::from_config(&self.config()))
     }
 
     fn reload_hooks_with(&self, settings: LuaSettings) -> Result<usize, Vec<LoadError>> {

@@ -2,7 +2,6 @@
 
 use crate::protocol::scram::ScramVerifier;
 use md5::{Digest, Md5};
-use subtle::ConstantTimeEq;
 
 /// A stored password in one of the forms PostgreSQL uses. The Debug output
 /// never shows it.
@@ -109,10 +108,9 @@ impl Secret {
     }
 }
 
-/// Compares two byte strings without an early exit on the first difference.
-pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
-    a.ct_eq(b).into()
-}
+/// Compares two byte strings without an early exit on the first
+/// difference (it lives in `protocol`, which backend may use too).
+pub use crate::protocol::ct_eq;
 
 /// Checks a cleartext password against a SCRAM verifier by recomputing the
 /// stored key with the verifier's salt and iteration count; on a match,

@@ -2,7 +2,7 @@
 //! password, an md5 hash (answers md5 challenges as PgBouncer does), or the
 //! SCRAM keys a client's own login yielded (pass-through).
 
-use crate::auth::secret::ct_eq;
+use crate::protocol::ct_eq;
 use crate::protocol::scram_client::ScramKeys;
 use std::sync::{Arc, RwLock};
 

@@ -6,8 +6,8 @@ use super::query::QueryPool;
 use super::roles::RoleCache;
 use super::shared::SharedStore;
 use super::{ClientInfo, ConnectionCtx, Dispatcher, Event, Hook, SessionCtx, SessionReason, Vars};
-use crate::app::App;
 use crate::config::{Config, PoolMode};
+use crate::hooks::lua::LuaSettings;
 use clap::Subcommand;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -55,7 +55,7 @@ pub fn run(config: &Config, command: HooksCommand) -> ExitCode {
         .build()
         .expect("runtime");
     runtime.block_on(async {
-        let settings = App::lua_settings(config);
+        let settings = LuaSettings::from_config(config);
         let sources = match lua::read_sources(&settings.dir) {
             Ok(s) => s,
             Err(e) => {

@@ -19,3 +19,10 @@ pub mod startup;
 pub mod tags;
 
 pub use error::{PgError, Severity};
+
+/// Compares two byte strings without an early exit on the first
+/// difference: secrets (passwords, hashes, SCRAM proofs) are compared so.
+pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    use subtle::ConstantTimeEq;
+    a.ct_eq(b).into()
+}

@@ -43,6 +43,20 @@ pub struct LuaSettings {
     pub max_idle_vms: usize,
 }
 
+impl LuaSettings {
+    /// The Lua engine settings from the configuration.
+    pub fn from_config(config: &crate::config::Config) -> LuaSettings {
+        let h = &config.hooks;
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        LuaSettings {
+            dir: h.dir.clone(),
+            timeout: Duration::from_millis(h.timeout_ms),
+            memory_limit: h.memory_limit_mb * 1024 * 1024,
+            max_idle_vms: if h.vms == 0 { cores * 2 } else { h.vms },
+        }
+    }
+}
+
 /// A file that failed to load.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoadError {

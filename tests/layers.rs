@@ -1,0 +1,111 @@
+//! The modules of src/ depend on each other one way: each may use only
+//! modules of a lower layer (ARCHITECTURE.md, "Layers"). This test reads
+//! every `crate::<module>` path in the sources, so a new import that points
+//! up a layer fails CI.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+/// The layers, lowest first: a module may use those before it.
+const LAYERS: &[&str] = &[
+    "protocol", // the wire format, no runtime state
+    "config",   // the configuration and its table of settings
+    "accept",   // accepting sockets with back-off
+    "logging", "tls", "metrics", "backend", // server connections
+    "auth",    // client authentication (its auth query uses backend)
+    "pool", "hooks", "frontend", // client sessions
+    "admin",    // the console (served over a client's stream)
+    "app",      // the running pooler
+    "control",  // PAUSE/KILL/... and signals (methods of App)
+];
+
+/// Imports that still point up a layer, to be removed (issue 12). The
+/// list may only shrink: a new back-edge fails the test.
+const KNOWN_BACK_EDGES: &[(&str, &str)] = &[
+    // A session takes all of App (pools, registry, hooks, config); it
+    // should receive only what it needs.
+    ("frontend", "app"),
+    // The login hands a console client to admin::Console.
+    ("frontend", "admin"),
+    ("admin", "app"),
+];
+
+/// `crate::<name>` paths in a file's code (comments and test modules left
+/// out, as they do not make a dependency of the module).
+fn imports(text: &str) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    for line in text.lines() {
+        if line.contains("#[cfg(test)]") {
+            break;
+        }
+        let code = line.split("//").next().unwrap_or_default();
+        let mut rest = code;
+        while let Some(at) = rest.find("crate::") {
+            rest = &rest[at + "crate::".len()..];
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                .collect();
+            if !name.is_empty() {
+                found.insert(name);
+            }
+        }
+    }
+    found
+}
+
+fn files(path: &Path, out: &mut Vec<std::path::PathBuf>) {
+    if path.is_dir() {
+        for entry in std::fs::read_dir(path).unwrap() {
+            files(&entry.unwrap().path(), out);
+        }
+    } else if path.extension().is_some_and(|e| e == "rs") {
+        out.push(path.to_path_buf());
+    }
+}
+
+#[test]
+fn modules_depend_on_lower_layers_only() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let rank = |m: &str| LAYERS.iter().position(|l| *l == m);
+    let mut edges = BTreeSet::new();
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let path = entry.unwrap().path();
+        let module = path.file_stem().unwrap().to_string_lossy().into_owned();
+        if module == "lib" || module == "main" {
+            continue; // the roots: they may use everything
+        }
+        assert!(
+            rank(&module).is_some(),
+            "src/{module}: a new module; give it a layer in tests/layers.rs and ARCHITECTURE.md"
+        );
+        let mut sources = Vec::new();
+        files(&path, &mut sources);
+        for file in sources {
+            let text = std::fs::read_to_string(&file).unwrap();
+            for used in imports(&text) {
+                if used != module && rank(&used).is_some() {
+                    edges.insert((module.clone(), used));
+                }
+            }
+        }
+    }
+    let mut upward = Vec::new();
+    for (from, to) in &edges {
+        if rank(to) > rank(from) && !KNOWN_BACK_EDGES.contains(&(from.as_str(), to.as_str())) {
+            upward.push(format!("{from} -> {to}"));
+        }
+    }
+    assert!(
+        upward.is_empty(),
+        "imports that point up a layer (see LAYERS in tests/layers.rs):\n{}",
+        upward.join("\n")
+    );
+    // The list of known back-edges is kept honest: each one still exists.
+    for (from, to) in KNOWN_BACK_EDGES {
+        assert!(
+            edges.contains(&(from.to_string(), to.to_string())),
+            "{from} -> {to} is gone: remove it from KNOWN_BACK_EDGES"
+        );
+    }
+}

@@ -18,10 +18,11 @@ use crate::pool::Pools;
 use crate::protocol::PgError;
 use crate::tls::{ClientTls, ServerTls};
 use arc_swap::ArcSwap;
+use parking_lot::Mutex;
 use rand::RngCore;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::{broadcast, watch};
@@ -101,13 +102,7 @@ struct LuaHooks(Mutex<Vec<Arc<dyn Hook>>>);
 
 impl std::fmt::Debug for LuaHooks {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let names: Vec<String> = self
-            .0
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|h| h.name().to_string())
-            .collect();
+        let names: Vec<String> = self.0.lock().iter().map(|h| h.name().to_string()).collect();
         f.debug_tuple("LuaHooks").field(&names).finish()
     }
 }
@@ -261,7 +256,7 @@ impl App {
         }
         let hook_files = engine.file_names().len();
         {
-            let mut lua = self.lua_hooks.0.lock().unwrap();
+            let mut lua = self.lua_hooks.0.lock();
             *lua = engine.hooks();
             self.install_hooks(&lua);
         }
@@ -390,7 +385,7 @@ impl App {
     fn reload_hooks_with(&self, settings: LuaSettings) -> Result<usize, Vec<LoadError>> {
         let engine = LuaEngine::load(settings, self.lua_services.clone())?;
         let files = engine.file_names().len();
-        let mut lua = self.lua_hooks.0.lock().unwrap();
+        let mut lua = self.lua_hooks.0.lock();
         *lua = engine.hooks();
         self.install_hooks(&lua);
         Ok(files)
@@ -465,7 +460,7 @@ impl App {
             }
             None => blocking.maintenance_off(),
         };
-        let lua = self.lua_hooks.0.lock().unwrap();
+        let lua = self.lua_hooks.0.lock();
         self.install_hooks(&lua);
         Ok(changed)
     }

@@ -8,8 +8,9 @@
 //! `log.disconnections`) is read from the configuration where they happen.
 
 use crate::config::{LogConfig, LogFormat};
+use parking_lot::Mutex;
 use std::io::IsTerminal;
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{fmt, reload, EnvFilter, Registry};
@@ -61,7 +62,7 @@ pub fn set_level(filter: &str) -> Result<(), String> {
     let Some(live) = LIVE.get() else {
         return Ok(());
     };
-    let mut configured = live.configured.lock().unwrap();
+    let mut configured = live.configured.lock();
     if *configured == filter {
         return Ok(());
     }

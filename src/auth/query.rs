@@ -11,9 +11,10 @@ use crate::config::Config;
 use crate::protocol::error::sqlstate;
 use crate::protocol::PgError;
 use crate::tls::ServerTls;
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::hash::Hash;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_postgres::config::SslMode;
 use tokio_postgres::NoTls;
@@ -248,7 +249,7 @@ impl<K: Hash + Eq, V: Clone> Cache<K, V> {
     }
 
     fn get(&self, key: &K) -> Option<V> {
-        let map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let map = self.map.lock();
         map.get(key)
             .filter(|(at, _)| at.elapsed() < self.ttl)
             .map(|(_, v)| v.clone())
@@ -258,7 +259,7 @@ impl<K: Hash + Eq, V: Clone> Cache<K, V> {
         if self.ttl.is_zero() {
             return;
         }
-        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = self.map.lock();
         if map.len() >= MAX_CACHED {
             map.retain(|_, (at, _)| at.elapsed() < self.ttl);
             if map.len() >= MAX_CACHED {
@@ -283,7 +284,7 @@ mod tests {
         for i in 0..(MAX_CACHED as u32 + 5) {
             c.put(i, false);
         }
-        assert!(c.map.lock().unwrap().len() <= MAX_CACHED);
+        assert!(c.map.lock().len() <= MAX_CACHED);
         let none: Cache<u32, bool> = Cache::new(Duration::ZERO);
         none.put(1, true);
         assert_eq!(none.get(&1), None);

@@ -4,7 +4,8 @@
 
 use crate::protocol::ct_eq;
 use crate::protocol::scram_client::ScramKeys;
-use std::sync::{Arc, RwLock};
+use parking_lot::RwLock;
+use std::sync::Arc;
 
 /// One way to log in to the server. Debug never shows the secret, and
 /// equality compares secrets in constant time.
@@ -60,7 +61,7 @@ impl SharedCredential {
     }
 
     pub fn get(&self) -> ServerCredential {
-        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.0.read().clone()
     }
 
     /// Keeps `credential` if it says something and differs from the current
@@ -69,9 +70,9 @@ impl SharedCredential {
         if credential == ServerCredential::None {
             return;
         }
-        if *self.0.read().unwrap_or_else(|e| e.into_inner()) == credential {
+        if *self.0.read() == credential {
             return;
         }
-        *self.0.write().unwrap_or_else(|e| e.into_inner()) = credential;
+        *self.0.write() = credential;
     }
 }

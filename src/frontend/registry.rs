@@ -8,11 +8,12 @@
 use crate::backend::ServerSummary;
 use atomic_waker::AtomicWaker;
 use dashmap::DashMap;
+use parking_lot::Mutex;
 use rand::Rng;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::Poll;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -99,11 +100,11 @@ impl ClientHandle {
         };
         self.wait_since_us.store(0, Ordering::Relaxed);
         self.state.store(state as u8, Ordering::Relaxed);
-        *self.serving.lock().unwrap() = server;
+        *self.serving.lock() = server;
     }
 
     pub fn server(&self) -> Option<Arc<ServerSummary>> {
-        self.serving.lock().unwrap().clone()
+        self.serving.lock().clone()
     }
 
     pub fn state(&self) -> ClientState {

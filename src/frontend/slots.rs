@@ -10,9 +10,10 @@
 //! use any of its 2^64 addresses, so counting single IPv6 addresses would
 //! bound nothing. An IPv4-mapped IPv6 address counts as its IPv4 address.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// What an address is counted as.
@@ -83,7 +84,7 @@ impl LoginSlots {
     /// A slot for a client from `addr`, if both bounds allow one.
     pub fn try_acquire(&self, addr: IpAddr, per_address: usize) -> Result<LoginSlot, NoSlot> {
         let key = AddrKey::of(addr);
-        let mut by_addr = self.by_addr.lock().unwrap();
+        let mut by_addr = self.by_addr.lock();
         let count = by_addr.entry(key).or_insert(0);
         if *count >= per_address {
             return Err(NoSlot::Address(key));
@@ -104,18 +105,18 @@ impl LoginSlots {
 
     /// Logins in progress (from every address).
     pub fn in_use(&self) -> usize {
-        self.by_addr.lock().unwrap().values().sum()
+        self.by_addr.lock().values().sum()
     }
 
     /// Addresses with logins in progress.
     pub fn addresses(&self) -> usize {
-        self.by_addr.lock().unwrap().len()
+        self.by_addr.lock().len()
     }
 }
 
 impl Drop for LoginSlot {
     fn drop(&mut self) {
-        let mut by_addr = self.by_addr.lock().unwrap();
+        let mut by_addr = self.by_addr.lock();
         if let Some(count) = by_addr.get_mut(&self.key) {
             *count -= 1;
             if *count == 0 {

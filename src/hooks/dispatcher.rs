@@ -10,8 +10,9 @@ use crate::auth::AuthAttempt;
 use crate::protocol::error::sqlstate;
 use arc_swap::ArcSwap;
 use dashmap::DashMap;
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Counters of one hook, kept across reloads (by hook name).
@@ -278,7 +279,7 @@ impl Dispatcher {
                 rejects: e.stats.rejects.load(Ordering::Relaxed),
                 errors: e.stats.errors.load(Ordering::Relaxed),
                 timeouts: e.stats.timeouts.load(Ordering::Relaxed),
-                last_error: e.stats.last_error.lock().unwrap().clone(),
+                last_error: e.stats.last_error.lock().clone(),
             })
             .collect()
     }
@@ -303,7 +304,7 @@ async fn timed(
             entry.stats.timeouts.fetch_add(1, Ordering::Relaxed);
             m.timeouts.increment(1);
         }
-        *entry.stats.last_error.lock().unwrap() = Some(e.to_string());
+        *entry.stats.last_error.lock() = Some(e.to_string());
     }
     result
 }

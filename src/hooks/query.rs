@@ -3,8 +3,9 @@
 //! connection. tokio-postgres pipelines concurrent queries over one
 //! connection, so a few connections serve many hooks at once.
 
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio_postgres::types::Type;
 
@@ -58,7 +59,7 @@ impl QueryPool {
             "usher.query is not configured (set hooks.query.database and hooks.query.user)",
         )?;
         let slot = &self.slots[self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len()];
-        if let Some(c) = slot.lock().unwrap().as_ref().filter(|c| !c.is_closed()) {
+        if let Some(c) = slot.lock().as_ref().filter(|c| !c.is_closed()) {
             return Ok(c.clone());
         }
         let (client, connection) = config
@@ -71,7 +72,7 @@ impl QueryPool {
             }
         });
         let client = Arc::new(client);
-        *slot.lock().unwrap() = Some(client.clone());
+        *slot.lock() = Some(client.clone());
         Ok(client)
     }
 

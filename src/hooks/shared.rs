@@ -2,8 +2,8 @@
 //! size, with optional expiry, that survives hook reloads.
 
 use lru::LruCache;
+use parking_lot::Mutex;
 use std::num::NonZeroUsize;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// A value in the shared store.
@@ -31,7 +31,7 @@ impl SharedStore {
     }
 
     pub fn get(&self, key: &str) -> Option<SharedValue> {
-        let mut entries = self.entries.lock().unwrap();
+        let mut entries = self.entries.lock();
         match entries.get(key) {
             Some((_, Some(expiry))) if *expiry <= Instant::now() => {
                 entries.pop(key);
@@ -45,16 +45,13 @@ impl SharedStore {
     /// Sets `key`; `ttl` of `None` keeps it until evicted or deleted.
     pub fn set(&self, key: &str, value: SharedValue, ttl: Option<Duration>) {
         let expiry = ttl.map(|t| Instant::now() + t);
-        self.entries
-            .lock()
-            .unwrap()
-            .put(key.to_string(), (value, expiry));
+        self.entries.lock().put(key.to_string(), (value, expiry));
     }
 
     /// Adds `by` to an integer (a missing or expired key counts as 0) and
     /// returns the new value. A `ttl` applies when the key is created.
     pub fn incr(&self, key: &str, by: i64, ttl: Option<Duration>) -> Result<i64, String> {
-        let mut entries = self.entries.lock().unwrap();
+        let mut entries = self.entries.lock();
         let now = Instant::now();
         if let Some((value, expiry)) = entries.get_mut(key) {
             if expiry.is_none_or(|e| e > now) {
@@ -77,11 +74,11 @@ impl SharedStore {
     }
 
     pub fn delete(&self, key: &str) -> bool {
-        self.entries.lock().unwrap().pop(key).is_some()
+        self.entries.lock().pop(key).is_some()
     }
 
     pub fn len(&self) -> usize {
-        self.entries.lock().unwrap().len()
+        self.entries.lock().len()
     }
 
     pub fn is_empty(&self) -> bool {

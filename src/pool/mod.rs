@@ -26,9 +26,10 @@ use crate::config::{PoolLimits, PoolMode};
 use crate::protocol::error::sqlstate;
 use crate::protocol::PgError;
 use arc_swap::ArcSwap;
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
@@ -219,7 +220,6 @@ impl Pool {
         let generation = self.generation.load(Ordering::Acquire);
         self.idle
             .lock()
-            .unwrap()
             .iter()
             .map(|c| IdleServer {
                 summary: c.summary().clone(),
@@ -232,7 +232,7 @@ impl Pool {
 
     /// Idle server connections right now.
     pub fn idle_count(&self) -> usize {
-        self.idle.lock().unwrap().len()
+        self.idle.lock().len()
     }
 
     /// The server's reported parameters, learned from a server connection
@@ -325,14 +325,14 @@ impl Pool {
     }
 
     fn pop_idle(&self) -> Option<ServerConn> {
-        let mut idle = self.idle.lock().unwrap();
+        let mut idle = self.idle.lock();
         let conn = idle.pop();
         self.stats.idle_servers(idle.len());
         conn
     }
 
     fn push_idle(&self, conn: ServerConn) {
-        let mut idle = self.idle.lock().unwrap();
+        let mut idle = self.idle.lock();
         idle.push(conn);
         self.stats.idle_servers(idle.len());
     }
@@ -425,7 +425,7 @@ impl Pool {
 
     /// Closes every idle connection (shutdown, PAUSE, RECONNECT).
     pub fn close_idle(&self) {
-        let mut idle = self.idle.lock().unwrap();
+        let mut idle = self.idle.lock();
         idle.clear();
         self.stats.idle_servers(0);
     }
@@ -438,7 +438,7 @@ impl Pool {
         let min = settings.min_size.min(settings.size);
         self.trim_idle();
         {
-            let mut idle = self.idle.lock().unwrap();
+            let mut idle = self.idle.lock();
             let active = self.stats.active.load(Ordering::Relaxed);
             let idle_timeout = settings.server_idle_timeout;
             let lifetime = settings.server_lifetime;
@@ -481,7 +481,7 @@ impl Pool {
     fn trim_idle(&self) {
         let size = self.settings.load().size;
         let active = self.stats.active.load(Ordering::Relaxed);
-        let mut idle = self.idle.lock().unwrap();
+        let mut idle = self.idle.lock();
         let keep = size.saturating_sub(active);
         if idle.len() > keep {
             // The front holds the least recently used.

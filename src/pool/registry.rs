@@ -6,8 +6,9 @@ use crate::backend::{ServerCredential, ServerTarget, SharedCredential};
 use crate::config::Config;
 use crate::tls::ServerTls;
 use dashmap::DashMap;
+use parking_lot::Mutex;
 use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// All pools, keyed by (database, user). Looked up once per client login.
 #[derive(Debug, Default)]
@@ -65,7 +66,7 @@ impl Pools {
                     target,
                     settings,
                 ));
-                if self.paused.lock().unwrap().covers(database) {
+                if self.paused.lock().covers(database) {
                     pool.pause();
                 }
                 spawn_maintenance(Arc::downgrade(&pool));
@@ -116,7 +117,7 @@ impl Pools {
     /// PAUSE [db]: marks them paused (pools created later too).
     pub fn pause(&self, database: Option<&str>) -> Vec<Arc<Pool>> {
         {
-            let mut paused = self.paused.lock().unwrap();
+            let mut paused = self.paused.lock();
             match database {
                 None => paused.all = true,
                 Some(d) => {
@@ -133,7 +134,7 @@ impl Pools {
 
     /// RESUME [db]. RESUME without a database resumes everything.
     pub fn resume(&self, database: Option<&str>) {
-        let mut paused = self.paused.lock().unwrap();
+        let mut paused = self.paused.lock();
         match database {
             None => *paused = Paused::default(),
             Some(d) => {
@@ -149,12 +150,12 @@ impl Pools {
 
     /// True after PAUSE without a database (SHOW STATE).
     pub fn is_paused_all(&self) -> bool {
-        self.paused.lock().unwrap().all
+        self.paused.lock().all
     }
 
     /// True if the database (or everything) is paused.
     pub fn is_paused(&self, database: &str) -> bool {
-        self.paused.lock().unwrap().covers(database)
+        self.paused.lock().covers(database)
     }
 }
 

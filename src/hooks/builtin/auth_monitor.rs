@@ -17,12 +17,13 @@ use crate::hooks::{Event, Hook, HookError};
 use crate::protocol::error::sqlstate;
 use crate::protocol::PgError;
 use async_trait::async_trait;
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::io::Write;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -79,7 +80,7 @@ impl AuthMonitor {
             saving: Mutex::new(()),
             corrupt: AtomicBool::new(corrupt),
         };
-        monitor.update_gauges(&monitor.state.lock().unwrap());
+        monitor.update_gauges(&monitor.state.lock());
         monitor
     }
 
@@ -94,11 +95,7 @@ impl AuthMonitor {
         let addr = addr.to_canonical();
         let oid = self.roles.snapshot().oid(user);
         let now = now_ms();
-        let locked = self
-            .state
-            .lock()
-            .unwrap()
-            .locked(user, oid, addr, now, policy)?;
+        let locked = self.state.lock().locked(user, oid, addr, now, policy)?;
         let (message, until) = match locked {
             Locked::Role { until } => (
                 format!("too many failed login attempts for user \"{}\"", clip(user)),
@@ -170,7 +167,7 @@ impl AuthMonitor {
             now: now_ms(),
         };
         let effects = {
-            let mut state = self.state.lock().unwrap();
+            let mut state = self.state.lock();
             let fx = state.record(&attempt, &self.limits, self.lockout.as_ref());
             self.update_gauges(&state);
             fx
@@ -208,7 +205,7 @@ impl AuthMonitor {
 
     /// RESET AUTH_MON: forgets everything.
     pub fn reset_all(&self) {
-        let mut state = self.state.lock().unwrap();
+        let mut state = self.state.lock();
         state.clear();
         self.update_gauges(&state);
         self.dirty.store(true, Ordering::Relaxed);
@@ -218,7 +215,7 @@ impl AuthMonitor {
     /// was nothing to forget.
     pub fn reset_role(&self, name: &str) -> bool {
         let oid = self.roles.snapshot().oid(name);
-        let mut state = self.state.lock().unwrap();
+        let mut state = self.state.lock();
         let removed = state.reset_role(name, oid);
         self.update_gauges(&state);
         self.dirty.store(true, Ordering::Relaxed);
@@ -227,7 +224,7 @@ impl AuthMonitor {
 
     /// RESET AUTH_MON address: forgets a client address (and its lock).
     pub fn reset_address(&self, addr: IpAddr) -> bool {
-        let mut state = self.state.lock().unwrap();
+        let mut state = self.state.lock();
         let removed = state.reset_address(addr.to_canonical());
         self.update_gauges(&state);
         self.dirty.store(true, Ordering::Relaxed);
@@ -240,7 +237,7 @@ impl AuthMonitor {
         let warm = self.roles.is_warm();
         let names: HashMap<u32, &str> = graph.roles().map(|(n, o)| (o, n)).collect();
         let now = now_ms();
-        let state = self.state.lock().unwrap();
+        let state = self.state.lock();
         let mut rows: Vec<(String, Vec<Option<String>>)> = Vec::new();
         let mut push = |rolname: String, deleted: bool, uid: u32, c: &Counters| {
             let n = |v: u64| Some(v.to_string());
@@ -300,7 +297,7 @@ impl AuthMonitor {
     /// SHOW AUTH_MON_UNKNOWN: the unknown user names tried, most tried first.
     pub fn show_unknown(&self) -> Table {
         let now = now_ms();
-        let state = self.state.lock().unwrap();
+        let state = self.state.lock();
         let mut names: Vec<_> = state.unknown_names.iter().collect();
         names.sort_by(|a, b| b.1.attempts.cmp(&a.1.attempts).then(a.0.cmp(b.0)));
         Table::new(
@@ -329,7 +326,7 @@ impl AuthMonitor {
     /// SHOW AUTH_MON_ADDRS: client addresses with failures, most first.
     pub fn show_addresses(&self) -> Table {
         let now = now_ms();
-        let state = self.state.lock().unwrap();
+        let state = self.state.lock();
         let mut addrs: Vec<_> = state.addresses.iter().collect();
         addrs.sort_by(|a, b| {
             let total = |r: &AddrRow| r.failed_attempts + r.blocked_attempts;
@@ -366,7 +363,7 @@ impl AuthMonitor {
         let Some(path) = &self.state_file else {
             return Ok(());
         };
-        let _one_at_a_time = self.saving.lock().unwrap();
+        let _one_at_a_time = self.saving.lock();
         if !self.dirty.swap(false, Ordering::Relaxed) {
             return Ok(());
         }
@@ -376,7 +373,7 @@ impl AuthMonitor {
                 tracing::warn!(file = %aside.display(), "auth monitor: the corrupt state file was kept aside");
             }
         }
-        let saved: Saved = self.state.lock().unwrap().to_saved();
+        let saved: Saved = self.state.lock().to_saved();
         let result = serde_json::to_vec_pretty(&saved)
             .map_err(|e| e.to_string())
             .and_then(|json| write_atomically(path, &json));
@@ -592,11 +589,11 @@ mod tests {
             key: &metrics::Key,
             _: &metrics::Metadata<'_>,
         ) -> metrics::Counter {
-            self.0.lock().unwrap().push(key.clone());
+            self.0.lock().push(key.clone());
             metrics::Counter::noop()
         }
         fn register_gauge(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
-            self.0.lock().unwrap().push(key.clone());
+            self.0.lock().push(key.clone());
             metrics::Gauge::noop()
         }
         fn register_histogram(
@@ -604,7 +601,7 @@ mod tests {
             key: &metrics::Key,
             _: &metrics::Metadata<'_>,
         ) -> metrics::Histogram {
-            self.0.lock().unwrap().push(key.clone());
+            self.0.lock().push(key.clone());
             metrics::Histogram::noop()
         }
     }
@@ -632,7 +629,7 @@ mod tests {
             }
             m.save().unwrap();
         });
-        let keys = keys.0.lock().unwrap();
+        let keys = keys.0.lock();
         let names: std::collections::HashSet<&str> = keys.iter().map(|k| k.name()).collect();
         for expected in [
             "usher_auth_mon_attempts_total",

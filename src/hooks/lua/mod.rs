@@ -20,8 +20,9 @@ use super::shared::SharedStore;
 use super::{ConnectionCtx, Event, Hook, HookError, SessionCtx, SessionEndCtx};
 use crate::auth::AuthAttempt;
 use async_trait::async_trait;
+use parking_lot::Mutex;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use vm::{Budget, Vm};
 
@@ -210,7 +211,7 @@ impl LuaEngine {
     }
 
     fn checkout(&self) -> Result<Vm, HookError> {
-        if let Some(vm) = self.idle.lock().unwrap().pop() {
+        if let Some(vm) = self.idle.lock().pop() {
             return Ok(vm);
         }
         Vm::new(
@@ -223,7 +224,7 @@ impl LuaEngine {
     }
 
     fn checkin(&self, vm: Vm) {
-        let mut idle = self.idle.lock().unwrap();
+        let mut idle = self.idle.lock();
         if idle.len() < self.settings.max_idle_vms {
             idle.push(vm);
         }

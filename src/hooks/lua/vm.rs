@@ -11,9 +11,10 @@ use super::api;
 use super::LuaServices;
 use mlua::chunk::ChunkMode;
 use mlua::{Function, HookTriggers, Lua, LuaOptions, StdLib, Table, Value, VmState};
+use parking_lot::Mutex;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// The deadline of the call running in a VM: checked by the instruction
@@ -32,16 +33,16 @@ impl Budget {
     }
 
     pub(super) fn start(&self, deadline: Instant) {
-        *self.deadline.lock().unwrap() = Some(deadline);
+        *self.deadline.lock() = Some(deadline);
         self.exceeded.store(false, Ordering::Relaxed);
     }
 
     pub(super) fn stop(&self) {
-        *self.deadline.lock().unwrap() = None;
+        *self.deadline.lock() = None;
     }
 
     fn deadline(&self) -> Option<Instant> {
-        *self.deadline.lock().unwrap()
+        *self.deadline.lock()
     }
 
     pub(super) fn was_exceeded(&self) -> bool {
@@ -120,11 +121,7 @@ impl Vm {
                 let Some(budget) = lua.app_data_ref::<Budget>() else {
                     return Ok(VmState::Continue);
                 };
-                let past = budget
-                    .deadline
-                    .lock()
-                    .unwrap()
-                    .is_some_and(|d| Instant::now() >= d);
+                let past = budget.deadline.lock().is_some_and(|d| Instant::now() >= d);
                 if past {
                     budget.exceed();
                     return Err(mlua::Error::runtime("hook exceeded its time budget"));

@@ -29,6 +29,43 @@ use bytes::BytesMut;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+/// What a client is told when no server connection could be had for it.
+impl From<crate::pool::CheckoutError> for PgError {
+    fn from(e: crate::pool::CheckoutError) -> PgError {
+        use crate::pool::CheckoutError;
+        use crate::protocol::error::sqlstate;
+        match e {
+            CheckoutError::Closed => PgError::fatal(sqlstate::ADMIN_SHUTDOWN, "pool is closed"),
+            CheckoutError::NoneFree {
+                database,
+                user,
+                waited,
+                pool_size,
+                paused,
+            } => {
+                let detail = if paused {
+                    format!(
+                        "database \"{database}\" is paused (PAUSE or KILL on the admin console)"
+                    )
+                } else {
+                    format!(
+                        "pool \"{database}\"/\"{user}\" has pool_size {pool_size} and all connections are in use"
+                    )
+                };
+                PgError::fatal(
+                    sqlstate::TOO_MANY_CONNECTIONS,
+                    format!(
+                        "no server connection became free within query_wait_timeout ({:.1}s)",
+                        waited.as_secs_f64()
+                    ),
+                )
+                .with_detail(detail)
+            }
+            CheckoutError::Connect(e) => e,
+        }
+    }
+}
+
 /// Sends an error (or notice) to a client; failures to write are ignored,
 /// since the client is usually about to be disconnected anyway.
 pub async fn send_error<S: AsyncWrite + Unpin>(stream: &mut S, error: &PgError) {

@@ -685,7 +685,7 @@ impl Session {
             Ok(c) => c,
             Err(e) => {
                 self.handle.set_server(None);
-                return Err(e);
+                return Err(e.into());
             }
         };
         if !self.session_started {

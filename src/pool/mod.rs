@@ -23,7 +23,6 @@ use stats::{Lent, Waiting};
 
 use crate::backend::{self, ServerConn, ServerTarget};
 use crate::config::{PoolLimits, PoolMode};
-use crate::protocol::error::sqlstate;
 use crate::protocol::PgError;
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
@@ -71,6 +70,27 @@ pub struct Checkout {
     pub conn: ServerConn,
     _permit: Permit,
     _lent: Lent,
+}
+
+/// Why a checkout gave no server connection. The pool says what happened;
+/// what a client is told is the frontend's business
+/// (`From<CheckoutError> for PgError` there).
+#[derive(Debug)]
+pub enum CheckoutError {
+    /// The pool is closed (usher is shutting down).
+    Closed,
+    /// No server connection became free within `query_wait_timeout`.
+    NoneFree {
+        database: String,
+        user: String,
+        waited: Duration,
+        pool_size: usize,
+        /// The database was paused (PAUSE or KILL) the whole time.
+        paused: bool,
+    },
+    /// Opening a new server connection failed (the server's own error,
+    /// or why it could not be reached).
+    Connect(PgError),
 }
 
 /// A semaphore permit that is forgotten instead of returned while the pool
@@ -237,7 +257,7 @@ impl Pool {
 
     /// The server's reported parameters, learned from a server connection
     /// the first time a client logs in to this pool.
-    pub async fn server_params(&self) -> Result<Arc<HashMap<String, String>>, PgError> {
+    pub async fn server_params(&self) -> Result<Arc<HashMap<String, String>>, CheckoutError> {
         if let Some(p) = self.server_params.get() {
             return Ok(p.clone());
         }
@@ -248,7 +268,7 @@ impl Pool {
     }
 
     /// Waits for a server connection: an idle one if any is alive, else a new one.
-    pub async fn checkout(&self) -> Result<Checkout, PgError> {
+    pub async fn checkout(&self) -> Result<Checkout, CheckoutError> {
         let started = std::time::Instant::now();
         let settings = self.settings.load_full();
         let waiting = Waiting::new(&self.stats);
@@ -261,29 +281,15 @@ impl Pool {
         self.stats.waited(started.elapsed());
         let permit = match permit {
             Ok(Ok(p)) => p,
-            Ok(Err(_)) => {
-                return Err(PgError::fatal(sqlstate::ADMIN_SHUTDOWN, "pool is closed"));
-            }
+            Ok(Err(_)) => return Err(CheckoutError::Closed),
             Err(_) => {
-                let detail = if self.is_paused() {
-                    format!(
-                        "database \"{}\" is paused (PAUSE or KILL on the admin console)",
-                        self.database
-                    )
-                } else {
-                    format!(
-                        "pool \"{}\"/\"{}\" has pool_size {} and all connections are in use",
-                        self.database, self.user, settings.size
-                    )
-                };
-                return Err(PgError::fatal(
-                    sqlstate::TOO_MANY_CONNECTIONS,
-                    format!(
-                        "no server connection became free within query_wait_timeout ({:.1}s)",
-                        settings.query_wait_timeout.as_secs_f64()
-                    ),
-                )
-                .with_detail(detail));
+                return Err(CheckoutError::NoneFree {
+                    database: self.database.clone(),
+                    user: self.user.clone(),
+                    waited: settings.query_wait_timeout,
+                    pool_size: settings.size,
+                    paused: self.is_paused(),
+                })
             }
         };
         let permit = Permit {
@@ -302,7 +308,9 @@ impl Pool {
         }
         // Boxed: connecting (TLS, SCRAM) is a large future that would
         // otherwise sit in every client task's state, idle or not.
-        let conn = Box::pin(self.connect(&settings)).await?;
+        let conn = Box::pin(self.connect(&settings))
+            .await
+            .map_err(CheckoutError::Connect)?;
         tracing::debug!(server = conn.id(), pid = conn.backend_pid(), db = %self.database, user = %self.user, "server connection opened");
         Ok(Checkout {
             conn,

@@ -51,3 +51,15 @@ async fn usher_is_started_again_on_another_port_when_its_port_is_taken() {
     c.simple_query("SELECT 1").await.unwrap();
     drop(taken);
 }
+
+/// The same race for PostgreSQL: a cluster whose port was taken is started
+/// again on another port.
+#[test]
+fn a_cluster_is_started_again_on_another_port_when_its_port_is_taken() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken_port = taken.local_addr().unwrap().port();
+    let pg = PgCluster::start_first_on(Some(taken_port));
+    assert_ne!(pg.port, taken_port);
+    assert_eq!(pg.psql_super("SELECT 1"), "1");
+    drop(taken);
+}

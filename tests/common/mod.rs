@@ -89,6 +89,14 @@ fn run_ok(mut cmd: Command, what: &str) {
 impl PgCluster {
     /// initdb, configure (scram-sha-256 over TCP, test roles), start.
     pub fn start() -> PgCluster {
+        PgCluster::start_first_on(None)
+    }
+
+    /// [`PgCluster::start`], trying `port` first (tests of the harness: a
+    /// port already taken). free_port() can race with another process
+    /// taking the port before the server binds it: the server then exits
+    /// (EADDRINUSE) and is started again on another port.
+    pub fn start_first_on(first_port: Option<u16>) -> PgCluster {
         let bin = pg_bin_dir();
         let tmp = tempfile::Builder::new()
             .prefix("usher-pg-")
@@ -134,9 +142,8 @@ impl PgCluster {
             ])
             .arg(format!("--pwfile={}", pwfile.display()));
         run_ok(initdb, "initdb");
-        let port = free_port();
         let conf = format!(
-            "port = {port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\nfsync = off\nsynchronous_commit = off\nfull_page_writes = off\nmax_connections = 300\nshared_buffers = 32MB\npassword_encryption = 'scram-sha-256'\nlog_min_messages = warning\n",
+            "listen_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\nfsync = off\nsynchronous_commit = off\nfull_page_writes = off\nmax_connections = 300\nshared_buffers = 32MB\npassword_encryption = 'scram-sha-256'\nlog_min_messages = warning\n",
             dir.display()
         );
         std::fs::OpenOptions::new()
@@ -145,13 +152,37 @@ impl PgCluster {
             .unwrap()
             .write_all(conf.as_bytes())
             .unwrap();
-        let cluster = PgCluster {
-            port,
+        let mut cluster = PgCluster {
+            port: 0,
             dir,
             bin,
             _tmp: tmp,
         };
-        cluster.pg_ctl_start();
+        let mut first_port = first_port;
+        for attempt in 1.. {
+            cluster.port = first_port.take().unwrap_or_else(free_port);
+            // The last `port` line of postgresql.conf wins.
+            std::fs::OpenOptions::new()
+                .append(true)
+                .open(data.join("postgresql.conf"))
+                .unwrap()
+                .write_all(format!("port = {}\n", cluster.port).as_bytes())
+                .unwrap();
+            let log = cluster.dir.join("log");
+            let logged = std::fs::metadata(&log).map_or(0, |m| m.len() as usize);
+            let out = cluster.pg_ctl_start_output();
+            if out.status.success() {
+                break;
+            }
+            let new_log = std::fs::read(&log).unwrap_or_default();
+            let new_log = String::from_utf8_lossy(&new_log[logged.min(new_log.len())..]);
+            assert!(
+                new_log.contains("Address already in use") && attempt < 5,
+                "pg_ctl start failed: {}\n{}\n{new_log}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
         cluster.psql_super(&format!(
             "CREATE ROLE alice LOGIN PASSWORD '{ALICE_PASSWORD}'; CREATE ROLE bob LOGIN PASSWORD '{BOB_PASSWORD}';"
         ));
@@ -181,14 +212,23 @@ impl PgCluster {
     }
 
     pub fn pg_ctl_start(&self) {
+        let out = self.pg_ctl_start_output();
+        assert!(
+            out.status.success(),
+            "pg_ctl start failed: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    fn pg_ctl_start_output(&self) -> std::process::Output {
         let mut c = pg_command(&self.bin, "pg_ctl");
         c.arg("-D")
             .arg(self.data())
             .arg("-l")
             .arg(self.dir.join("log"))
             .args(["-w", "-t", "60", "start"]);
-        c.stdout(Stdio::null());
-        run_ok(c, "pg_ctl start");
+        c.output().expect("pg_ctl start")
     }
 
     pub fn stop(&self) {

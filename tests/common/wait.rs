@@ -17,7 +17,7 @@ pub const DEADLINE: Duration = Duration::from_secs(15);
 /// The pause between two polls: short at first, then longer, so a quick
 /// event is seen quickly and a slow one does not make the test spin.
 fn backoff(pause: Duration) -> Duration {
-    (pause * 2).min(Duration::from_millis(100))
+    (pause * 2).min(Duration::from_millis(50))
 }
 
 const FIRST_PAUSE: Duration = Duration::from_millis(5);

@@ -9,7 +9,7 @@ use common::attempts::expect_outcome;
 use common::tls::write_file;
 use common::{sqlstate, PgCluster, Usher, ALICE_PASSWORD};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use usher::auth::AuthOutcome;
 
 const AUTH_PASSWORD: &str = "auth-pw";
@@ -168,17 +168,13 @@ async fn an_unprivileged_auth_user_can_use_a_security_definer_lookup() {
     assert_eq!(sqlstate(&e).as_deref(), Some("08006"), "{e:?}");
 }
 
-/// Retries `f` every 100 ms until it returns true, for up to 15 s.
+/// Retries `f` until it returns true, for up to 15 s.
 async fn eventually<F, Fut>(what: &str, f: F)
 where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !f().await {
-        assert!(Instant::now() < deadline, "{what}: not within 15 s");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::wait::eventually_async(Duration::from_secs(15), what, f).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -84,14 +84,12 @@ async fn large_messages_of_all_clients_together_are_bounded_by_max_buffered_tota
     // the total past 3 MB is ended with 53200.
     let mut a = logged_in(&usher).await;
     a.write_all(first).await.unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while usher.app.buffers.used() < 1_400_000 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "usher never held the message"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    common::wait::eventually_async(
+        std::time::Duration::from_secs(10),
+        "usher holds the message",
+        || async { usher.app.buffers.used() >= 1_400_000 },
+    )
+    .await;
     let mut b = logged_in(&usher).await;
     let _ = b.write_all(first).await;
     let e = read_error(&mut b).await;

@@ -7,8 +7,9 @@ mod common;
 
 use common::attempts::expect_outcome;
 use common::console::{console, console_at, get, row};
+use common::wait::{eventually_async, wait_for_async};
 use common::{sqlstate, PgCluster, Usher, UsherProcess, ALICE_PASSWORD, BOB_PASSWORD};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use usher::auth::AuthOutcome;
 
 /// The error (SQLSTATE, message) a refused login gets.
@@ -37,11 +38,10 @@ fn hooks_with_query(dir: &str, refresh: f64) -> String {
 }
 
 async fn wait_until_warm(usher: &Usher) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !usher.app.lua_services.roles.is_warm() {
-        assert!(Instant::now() < deadline, "the role graph never loaded");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_async(Duration::from_secs(10), "the role graph loads", || async {
+        usher.app.lua_services.roles.is_warm()
+    })
+    .await
 }
 
 /// Waits until `ok(connect result)` holds, within 10 s.
@@ -50,17 +50,17 @@ async fn eventually(
     what: &str,
     ok: impl Fn(&Result<(), tokio_postgres::Error>) -> bool,
 ) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    wait_for_async(Duration::from_secs(10), what, || async {
         let r = tokio_postgres::connect(conn, tokio_postgres::NoTls)
             .await
             .map(|_| ());
         if ok(&r) {
-            return;
+            Ok(())
+        } else {
+            Err(r)
         }
-        assert!(Instant::now() < deadline, "{what}: still {r:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -229,11 +229,7 @@ fn with_state(path: &std::path::Path) -> String {
 
 fn stop(mut usher: UsherProcess) {
     usher.signal(libc::SIGTERM);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while usher.child.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "usher did not exit");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    usher.wait_exit(Duration::from_secs(20));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -241,7 +237,7 @@ async fn counts_survive_a_restart_and_a_corrupt_file_starts_empty() {
     let pg = PgCluster::shared();
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("auth-mon.json");
-    let usher = UsherProcess::start(pg, &with_state(&state));
+    let usher = UsherProcess::builder(pg).extra(&with_state(&state)).start();
     let conn = |user: &str, password: &str| {
         format!(
             "host=127.0.0.1 port={} user={user} password={password} dbname=app",
@@ -269,7 +265,7 @@ async fn counts_survive_a_restart_and_a_corrupt_file_starts_empty() {
     stop(usher);
     assert!(state.exists());
 
-    let usher = UsherProcess::start(pg, &with_state(&state));
+    let usher = UsherProcess::builder(pg).extra(&with_state(&state)).start();
     let rows = console_at(usher.port, "SHOW AUTH_MON").await.unwrap();
     let alice = row(&rows, "rolname", "alice");
     assert_eq!(get(alice, "successful_attempts"), Some("1"));
@@ -282,7 +278,7 @@ async fn counts_survive_a_restart_and_a_corrupt_file_starts_empty() {
 
     // A corrupt file: a warning, empty counters, the file kept aside.
     std::fs::write(&state, "{\"version\": 1, \"roles\": [oops").unwrap();
-    let usher = UsherProcess::start(pg, &with_state(&state));
+    let usher = UsherProcess::builder(pg).extra(&with_state(&state)).start();
     let rows = console_at(usher.port, "SHOW AUTH_MON").await.unwrap();
     assert!(
         rows.iter().all(|r| get(r, "rolname") == Some("admin")),
@@ -331,7 +327,8 @@ async fn lockout_engages_before_the_password_and_expires() {
         get(row(&hooks, "hook", "auth_monitor"), "rejects"),
         Some("1")
     );
-    // It expires.
+    // It expires (a fixed wait on purpose: the lock's time must pass, and
+    // retrying meanwhile would be more blocked attempts).
     tokio::time::sleep(Duration::from_millis(2100)).await;
     usher.alice().await;
 
@@ -444,11 +441,12 @@ async fn a_renamed_role_keeps_its_row_and_a_dropped_one_is_marked_deleted() {
     let until_graph = |role: &'static str, present: bool| {
         let roles = roles.clone();
         async move {
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while roles.snapshot().oid(role).is_some() != present {
-                assert!(Instant::now() < deadline, "{role} present: {present}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+            eventually_async(
+                Duration::from_secs(10),
+                &format!("{role} present: {present}"),
+                || async { roles.snapshot().oid(role).is_some() == present },
+            )
+            .await
         }
     };
     until_graph("builtin_temp", true).await;
@@ -550,7 +548,7 @@ fn hooks_try_shows_what_the_blocking_rules_decide() {
     )
     .unwrap();
     let try_client = |app: &str| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_usher"))
+        let out = common::usher_cli()
             .args(["--config", config.to_str().unwrap()])
             .args(["hooks", "try", "client_connection", "--user", "alice"])
             .args(["--application-name", app])

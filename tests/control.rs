@@ -7,24 +7,25 @@ mod common;
 
 use common::console::{console, console_messages, console_table, get, row, Row};
 use common::{sqlstate, usher_yaml, PgCluster, Usher, BOB_PASSWORD};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio_postgres::SimpleQueryMessage;
 
 /// Polls a console command until `done` holds for its rows (or fails
 /// after 10 s, showing the last rows).
 async fn wait_for_rows(usher: &Usher, command: &str, done: impl Fn(&[Row]) -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let rows = console(usher, command).await;
-        if done(&rows) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{command} never got there: {rows:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::wait::wait_for_async(
+        Duration::from_secs(10),
+        &format!("{command} gets there"),
+        || async {
+            let rows = console(usher, command).await;
+            if done(&rows) {
+                Ok(())
+            } else {
+                Err(rows)
+            }
+        },
+    )
+    .await
 }
 
 /// The clients of database `app` in SHOW CLIENTS.
@@ -43,6 +44,7 @@ fn waiting_in_pool(rows: &[Row]) -> usize {
 
 /// A query that has not finished after a while is still waiting (not a
 /// timing target: the query itself takes microseconds once it may run).
+/// A fixed wait on purpose: nothing may happen during it.
 async fn still_pending<T>(task: &tokio::task::JoinHandle<T>) -> bool {
     tokio::time::sleep(Duration::from_millis(300)).await;
     !task.is_finished()

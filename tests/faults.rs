@@ -3,10 +3,11 @@
 
 mod common;
 
+use common::wait::eventually_async;
 use common::{sqlstate, PgCluster, Usher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pool_heals_after_postgresql_restarts_under_load() {
@@ -25,6 +26,8 @@ async fn the_pool_heals_after_postgresql_restarts_under_load() {
                     // Reconnect after each failure, as an application would.
                     // (Connecting fails while the server is down.)
                     let Ok(c) = usher.connect_as("alice", common::ALICE_PASSWORD).await else {
+                        // An application's pause between attempts (the
+                        // workload, not a wait for an event).
                         tokio::time::sleep(Duration::from_millis(50)).await;
                         continue;
                     };
@@ -46,28 +49,24 @@ async fn the_pool_heals_after_postgresql_restarts_under_load() {
                 errors
             }));
         }
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while ok.load(Ordering::Relaxed) < 20 {
-            assert!(
-                Instant::now() < deadline,
-                "{mode}: queries run before the restart"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        eventually_async(
+            Duration::from_secs(20),
+            &format!("{mode}: queries run before the restart"),
+            || async { ok.load(Ordering::Relaxed) >= 20 },
+        )
+        .await;
         let pg2 = pg.clone();
         tokio::task::spawn_blocking(move || pg2.restart())
             .await
             .unwrap();
         let after_restart = ok.load(Ordering::Relaxed);
         // Queries succeed again once the server is back, without restarting usher.
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while ok.load(Ordering::Relaxed) < after_restart + 50 {
-            assert!(
-                Instant::now() < deadline,
-                "{mode}: no queries succeeded after the restart"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        eventually_async(
+            Duration::from_secs(15),
+            &format!("{mode}: queries succeed after the restart"),
+            || async { ok.load(Ordering::Relaxed) >= after_restart + 50 },
+        )
+        .await;
         stop.store(true, Ordering::Relaxed);
         let mut errors = Vec::new();
         for w in workers {

@@ -7,6 +7,7 @@ mod common;
 
 use common::attempts::expect_outcome;
 use common::tls::{write_file, TestCa};
+use common::wait::{eventually_async, DEADLINE};
 use common::wire::{message, read_error, read_message, sasl_initial, start_sasl};
 use common::{sqlstate, PgCluster, Usher, ALICE_PASSWORD};
 use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
@@ -162,7 +163,11 @@ async fn clients_still_logging_in_are_limited_by_max_auth_clients() {
     }
     let silent1 = TcpStream::connect(usher.addr).await.unwrap();
     let silent2 = TcpStream::connect(usher.addr).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // They hold the slots once usher has accepted them.
+    eventually_async(DEADLINE, "two login slots in use", || async {
+        usher.app.login_slots.in_use() == 2
+    })
+    .await;
     let e = usher
         .connect_as("alice", ALICE_PASSWORD)
         .await
@@ -175,11 +180,10 @@ async fn clients_still_logging_in_are_limited_by_max_auth_clients() {
         s.query_one("SELECT 1", &[]).await.unwrap();
     }
     drop((silent1, silent2));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while usher.connect_as("alice", ALICE_PASSWORD).await.is_err() {
-        assert!(Instant::now() < deadline, "slots not freed");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually_async(Duration::from_secs(10), "slots are freed", || async {
+        usher.connect_as("alice", ALICE_PASSWORD).await.is_ok()
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,9 +6,10 @@
 mod common;
 
 use common::console::{console, get, row};
+use common::wait::{eventually_async, wait_for_async};
 use common::wire::{message, read_error, read_message, startup_packet};
 use common::{PgCluster, Usher};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
@@ -34,19 +35,22 @@ async fn logged_in(usher: &Usher) -> TcpStream {
 
 /// Waits until the pool of alice/app lends `n` server connections.
 async fn wait_for_lent(usher: &Usher, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let pools = console(usher, "SHOW POOLS").await;
-        let lent = get(row(&pools, "user", "alice"), "sv_active").unwrap_or("0");
-        if lent == n.to_string() {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "sv_active stayed {lent}, not {n}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for_async(
+        Duration::from_secs(10),
+        &format!("sv_active becomes {n}"),
+        || async {
+            let pools = console(usher, "SHOW POOLS").await;
+            let lent = get(row(&pools, "user", "alice"), "sv_active")
+                .unwrap_or("0")
+                .to_string();
+            if lent == n.to_string() {
+                Ok(())
+            } else {
+                Err(lent)
+            }
+        },
+    )
+    .await
 }
 
 /// Every way of holding a server connection without a complete request in
@@ -122,11 +126,12 @@ async fn a_client_leaving_mid_query_has_its_query_cancelled() {
                 .await
                 .unwrap();
             // The query runs on the server, then its client is gone.
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while backends(pg).0 == 0 {
-                assert!(Instant::now() < deadline, "{mode}: the sleep never started");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            eventually_async(
+                Duration::from_secs(10),
+                &format!("{mode}: the sleep starts"),
+                || async { backends(pg).0 > 0 },
+            )
+            .await;
             drop(quitter);
             let (sleeping, all) = backends(pg);
             assert!(
@@ -134,14 +139,12 @@ async fn a_client_leaving_mid_query_has_its_query_cancelled() {
                 "{mode}, round {round}: {all} backends of alice ({sleeping} still sleeping) through a pool of 2"
             );
         }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while backends(pg).0 > 0 {
-            assert!(
-                Instant::now() < deadline,
-                "{mode}: abandoned queries still run"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        eventually_async(
+            Duration::from_secs(10),
+            &format!("{mode}: abandoned queries end"),
+            || async { backends(pg).0 == 0 },
+        )
+        .await;
         let bystander = usher.alice().await;
         bystander.simple_query("SELECT 1").await.unwrap();
     }

@@ -4,7 +4,8 @@
 
 mod common;
 
-use common::{sqlstate, PgCluster, Usher, ALICE_PASSWORD, BOB_PASSWORD};
+use common::wait::{eventually_async, DEADLINE};
+use common::{sqlstate, PgCluster, Usher, UsherProcess, ALICE_PASSWORD, BOB_PASSWORD};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -225,7 +226,8 @@ end
         );
         pid
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The server connection is back in the pool.
+    common::console::wait_pool(usher.addr.port(), "alice", "sv_idle", "1").await;
     let c = usher.alice().await;
     assert_eq!(
         setting(&c, "application_name").await,
@@ -456,31 +458,16 @@ async fn no_hooks_flag_and_environment_start_with_hooks_off() {
         "function client_connection(ctx) ctx:reject('nobody') end\n",
     )]);
     for (flag, env) in [(Some("--no-hooks"), None), (None, Some("off"))] {
-        let port = common::free_port();
-        let dir = tempfile::tempdir().unwrap();
-        let yaml = common::usher_yaml(pg, &hooks.yaml(""))
-            .replace("listen: 127.0.0.1:0", &format!("listen: 127.0.0.1:{port}"));
-        let path = dir.path().join("usher.yaml");
-        std::fs::write(&path, yaml).unwrap();
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_usher"));
-        cmd.arg("--config").arg(&path).env("USHER_LOG", "warn");
+        let mut builder = UsherProcess::builder(pg).extra(&hooks.yaml(""));
         if let Some(f) = flag {
-            cmd.arg(f);
+            builder = builder.arg(f);
         }
         if let Some(v) = env {
-            cmd.env("USHER_HOOKS", v);
+            builder = builder.env("USHER_HOOKS", v);
         }
-        let mut child = cmd.spawn().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline);
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let conn =
-            format!("host=127.0.0.1 port={port} user=alice password={ALICE_PASSWORD} dbname=app");
-        let r = tokio_postgres::connect(&conn, tokio_postgres::NoTls).await;
-        let _ = child.kill();
-        let _ = child.wait();
+        let usher = builder.start();
+        let r = tokio_postgres::connect(&usher.alice_conn_str(), tokio_postgres::NoTls).await;
+        drop(usher);
         assert!(
             r.is_ok(),
             "{flag:?} {env:?}: hooks are off, alice gets in: {:?}",
@@ -624,7 +611,10 @@ end
     assert!(usher.connect_as("alice", "wrong").await.is_err());
     assert!(usher.connect_as("nobody", "x").await.is_err());
     drop(usher.alice().await);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    eventually_async(DEADLINE, "session_end runs", || async {
+        usher.app.lua_services.shared.get("ended").is_some()
+    })
+    .await;
     let c = usher.alice().await;
     assert_eq!(setting(&c, "application_name").await, "1/1/1");
 }
@@ -640,7 +630,7 @@ async fn hooks_check_and_try_on_the_command_line() {
     let config = dir.path().join("usher.yaml");
     std::fs::write(&config, common::usher_yaml(pg, &hooks.yaml(""))).unwrap();
     let usher = |args: &[&str]| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_usher"))
+        common::usher_cli()
             .args(["--config", config.to_str().unwrap()])
             .args(args)
             .output()

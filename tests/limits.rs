@@ -2,6 +2,7 @@
 
 mod common;
 
+use common::wait::{eventually_async, process_gone, DEADLINE};
 use common::{sqlstate, PgCluster, Usher};
 use std::time::{Duration, Instant};
 
@@ -12,20 +13,6 @@ fn server_conns(pg: &PgCluster, user: &str) -> i64 {
     ))
     .parse()
     .unwrap()
-}
-
-/// Polls `f` until it returns true or `timeout` passes.
-async fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if f() {
-            return true;
-        }
-        if Instant::now() > deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// Waits for the connection driver of a client to end, returning its error.
@@ -64,12 +51,12 @@ async fn min_pool_size_opens_connections_ahead_of_demand() {
     c.query_one("SELECT 1", &[]).await.unwrap();
     // One client ran one query, yet min_pool_size connections are open (a
     // fill racing that query may open one more, never more than pool_size).
-    assert!(
-        eventually(Duration::from_secs(20), || (3..=5)
-            .contains(&server_conns(&pg, "alice")))
-        .await,
-        "at least 3 connections open while one client ran one query"
-    );
+    eventually_async(
+        Duration::from_secs(20),
+        "at least 3 connections open while one client ran one query",
+        || async { (3..=5).contains(&server_conns(&pg, "alice")) },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -79,10 +66,12 @@ async fn server_idle_timeout_closes_unused_connections() {
     let c = usher.alice().await;
     c.query_one("SELECT 1", &[]).await.unwrap();
     assert_eq!(server_conns(&pg, "alice"), 1);
-    assert!(
-        eventually(Duration::from_secs(10), || server_conns(&pg, "alice") == 0).await,
-        "the idle server connection is closed"
-    );
+    eventually_async(
+        Duration::from_secs(10),
+        "the idle server connection is closed",
+        || async { server_conns(&pg, "alice") == 0 },
+    )
+    .await;
     // The client is still there and gets a new server connection.
     c.query_one("SELECT 1", &[]).await.unwrap();
 }
@@ -101,6 +90,7 @@ async fn server_lifetime_replaces_old_connections() {
         .await
         .unwrap()
         .get(0);
+    // A fixed wait on purpose: the connection must outlive server_lifetime.
     tokio::time::sleep(Duration::from_millis(800)).await;
     let second: i32 = c
         .query_one("SELECT pg_backend_pid()", &[])
@@ -200,7 +190,11 @@ async fn a_server_connection_killed_while_idle_is_replaced() {
             pg.psql_super(&format!("SELECT pg_terminate_backend({pid})")),
             "t"
         );
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // The backend has exited (its socket is closed).
+        eventually_async(DEADLINE, "the terminated backend exits", || async {
+            process_gone(pid)
+        })
+        .await;
         // The dead connection leaves the pool; the client never notices.
         let new_pid: i32 = c
             .query_one("SELECT pg_backend_pid()", &[])

@@ -133,7 +133,10 @@ async fn too_many_clients_is_53300() {
         "others unaffected"
     );
     drop(a);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    common::wait::eventually_async(common::wait::DEADLINE, "a client leaves", || async {
+        usher.app.clients.connected() == 1
+    })
+    .await;
     usher.alice().await; // a slot is free again
 }
 

@@ -34,17 +34,19 @@ async fn idle_clients(usher: &UsherProcess, n: usize) -> Vec<tokio_postgres::Cli
 async fn an_idle_client_costs_a_few_kilobytes() {
     let pg = PgCluster::shared();
     // trust: thousands of SCRAM logins would only measure PBKDF2.
-    let usher = UsherProcess::start(
-        pg,
-        "pool_mode: transaction\npool_size: 2\nauth:\n  method: trust\n",
-    );
+    let usher = UsherProcess::builder(pg)
+        .extra("pool_mode: transaction\npool_size: 2\nauth:\n  method: trust\n")
+        .start();
     let pid = usher.child.id();
     // Warm up: the pool, its server connections, the allocator's arenas.
     let warm = idle_clients(&usher, 100).await;
+    // Settling time before a measurement (not an event to wait for: the
+    // clients are idle already, the allocator may still return memory).
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     let before = rss_kb(pid);
     let n = 2000;
     let more = idle_clients(&usher, n).await;
+    // Settling time again.
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     let after = rss_kb(pid);
     let per_client = (after.saturating_sub(before)) as f64 / n as f64;
@@ -92,20 +94,21 @@ async fn an_idle_tls_client_costs_about_twice_as_much() {
     let dir = tempfile::tempdir().unwrap();
     let cert = write_file(dir.path(), "usher.crt", &pair.cert_pem);
     let key = write_file(dir.path(), "usher.key", &pair.key_pem);
-    let usher = UsherProcess::start(
-        pg,
-        &format!(
+    let usher = UsherProcess::builder(pg)
+        .extra(&format!(
             "pool_mode: transaction\npool_size: 2\nauth:\n  method: trust\ntls:\n  mode: require\n  cert: {}\n  key: {}\n",
             cert.display(),
             key.display()
-        ),
-    );
+        ))
+        .start();
     let pid = usher.child.id();
     let warm = idle_tls_clients(&usher, &ca.cert_pem, 50).await;
+    // Settling time before a measurement, as above.
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     let before = rss_kb(pid);
     let n = 500;
     let more = idle_tls_clients(&usher, &ca.cert_pem, n).await;
+    // Settling time again.
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     let after = rss_kb(pid);
     let per_client = (after.saturating_sub(before)) as f64 / n as f64;
@@ -207,10 +210,9 @@ async fn send_large_parses(usher: &UsherProcess, clients: usize, size: usize) ->
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_held_messages_are_bounded_per_client_and_in_total() {
     let pg = PgCluster::shared();
-    let usher = UsherProcess::start(
-        pg,
-        "pool_mode: transaction\npool_size: 2\nauth:\n  method: trust\nmax_buffered_total: 67108864\n",
-    );
+    let usher = UsherProcess::builder(pg)
+        .extra("pool_mode: transaction\npool_size: 2\nauth:\n  method: trust\nmax_buffered_total: 67108864\n")
+        .start();
     let pid = usher.child.id();
     let _warm = idle_clients(&usher, 10).await;
     let before = peak_kb(pid);

@@ -4,8 +4,9 @@
 
 mod common;
 
-use common::console::console_table;
-use common::{sqlstate, PgCluster, Usher, UsherProcess, ALICE_PASSWORD};
+use common::console::{console_table, wait_pool};
+use common::wait::{eventually_async, wait_for_async};
+use common::{sqlstate, usher_cli, PgCluster, Usher, UsherProcess, ALICE_PASSWORD};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -27,16 +28,9 @@ async fn cancel_reaches_the_right_backend_in_both_modes() {
         // Cancel once the query runs on the server: a cancel that arrives
         // while the client is between transactions rightly does nothing.
         let canceller = tokio::spawn(async move {
-            let running = "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(30)' AND state = 'active'";
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while tokio::task::spawn_blocking(move || PgCluster::shared().psql_super(running))
-                .await
-                .unwrap()
-                != "1"
-            {
-                assert!(Instant::now() < deadline, "the query never started");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+            PgCluster::shared()
+                .wait_until_active("SELECT pg_sleep(30)")
+                .await;
             token.cancel_query(tokio_postgres::NoTls).await.unwrap();
         });
         let e = sleeper
@@ -76,7 +70,9 @@ async fn cancel_between_transactions_does_nothing_harmful() {
             .await
             .map(|_| ())
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The cancel arrives while busy's query runs on the only server
+    // connection.
+    pg.wait_until_active("SELECT pg_sleep(1)::text").await;
     token.cancel_query(tokio_postgres::NoTls).await.unwrap();
     busy_query
         .await
@@ -120,7 +116,8 @@ async fn clients_wait_for_a_full_pool_then_time_out() {
             .await
             .map(|r| r.get::<_, i32>(0))
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The holder commits once the waiter waits for the connection.
+    wait_pool(usher.addr.port(), "alice", "cl_waiting", "1").await;
     tx.commit().await.unwrap();
     assert_eq!(served.await.unwrap().unwrap(), 7);
 }
@@ -184,7 +181,9 @@ async fn pgbench_runs_without_failures_in_both_modes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigint_lets_running_transactions_finish_then_exits() {
     let pg = PgCluster::shared();
-    let mut usher = UsherProcess::start(pg, "pool_mode: transaction\nshutdown_timeout: 20\n");
+    let mut usher = UsherProcess::builder(pg)
+        .extra("pool_mode: transaction\nshutdown_timeout: 20\n")
+        .start();
     let conn = usher.alice_conn_str();
     let (mut c, driver) = usher.alice().await;
     let (idle, idle_driver) = usher.alice().await;
@@ -225,32 +224,25 @@ async fn sigint_lets_running_transactions_finish_then_exits() {
 
 /// Waits until usher refuses new connections (shutdown closed its listener).
 async fn wait_until_refused(conn: &str) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while tokio_postgres::connect(conn, tokio_postgres::NoTls)
-        .await
-        .is_ok()
-    {
-        assert!(Instant::now() < deadline, "usher still accepts clients");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_async(Duration::from_secs(10), "usher refuses clients", || async {
+        tokio_postgres::connect(conn, tokio_postgres::NoTls)
+            .await
+            .is_err()
+    })
+    .await
 }
 
 /// Waits for the usher process to exit; returns whether it exited cleanly.
 fn wait_exit(usher: &mut UsherProcess) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(s) = usher.child.try_wait().unwrap() {
-            return s.success();
-        }
-        assert!(Instant::now() < deadline, "usher did not exit");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    usher.wait_exit(Duration::from_secs(10)).success()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_waits_for_clients_to_leave() {
     let pg = PgCluster::shared();
-    let mut usher = UsherProcess::start(pg, "pool_mode: transaction\nshutdown_timeout: 20\n");
+    let mut usher = UsherProcess::builder(pg)
+        .extra("pool_mode: transaction\nshutdown_timeout: 20\n")
+        .start();
     let conn = usher.alice_conn_str();
     let (c, driver) = usher.alice().await;
     c.batch_execute("SELECT 1").await.unwrap();
@@ -274,7 +266,9 @@ async fn sigterm_waits_for_clients_to_leave() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigusr1_pauses_and_sigusr2_resumes() {
     let pg = PgCluster::shared();
-    let usher = UsherProcess::start(pg, "pool_mode: transaction\n");
+    let usher = UsherProcess::builder(pg)
+        .extra("pool_mode: transaction\n")
+        .start();
     let (c, _driver) = usher.alice().await;
     c.batch_execute("SELECT 1").await.unwrap();
     usher.signal(libc::SIGUSR1);
@@ -286,19 +280,16 @@ async fn sigusr1_pauses_and_sigusr2_resumes() {
         .await
         .unwrap();
     tokio::spawn(console_driver);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    eventually_async(Duration::from_secs(10), "SIGUSR1 pauses", || async {
         let state = console.simple_query("SHOW STATE").await.unwrap();
-        let paused = state.iter().any(|m| {
+        state.iter().any(|m| {
             matches!(m, tokio_postgres::SimpleQueryMessage::Row(r) if r.get(0) == Some("paused"))
-        });
-        if paused {
-            break;
-        }
-        assert!(Instant::now() < deadline, "SIGUSR1 did not pause");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        })
+    })
+    .await;
     let query = tokio::spawn(async move { c.batch_execute("SELECT 1").await });
+    // A fixed wait on purpose: nothing may happen during it (the query
+    // must not run while paused).
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!query.is_finished(), "a query ran while paused");
     usher.signal(libc::SIGUSR2);
@@ -312,7 +303,7 @@ async fn sigusr1_pauses_and_sigusr2_resumes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_reloads_the_configuration_file() {
     let pg = PgCluster::shared();
-    let usher = UsherProcess::start(pg, "pool_size: 3\n");
+    let usher = UsherProcess::builder(pg).extra("pool_size: 3\n").start();
     let admin = format!(
         "host=127.0.0.1 port={} user=admin password=admin-pw dbname=pgbouncer",
         usher.port
@@ -340,18 +331,17 @@ async fn sighup_reloads_the_configuration_file() {
     )
     .unwrap();
     usher.signal(libc::SIGHUP);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while pool_size().await != "6" {
-        assert!(Instant::now() < deadline, "SIGHUP did not reload");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually_async(Duration::from_secs(10), "SIGHUP reloads", || async {
+        pool_size().await == "6"
+    })
+    .await;
 }
 
 /// The configuration the quickstart runs (and the README shows) stays
 /// valid, with the repository's example hooks.
 #[test]
 fn the_shipped_configuration_is_valid() {
-    let out = Command::new(env!("CARGO_BIN_EXE_usher"))
+    let out = usher_cli()
         .args(["check", "--config", "config/usher.yaml"])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
@@ -368,7 +358,7 @@ fn check_validates_and_names_file_and_key() {
     let dir = tempfile::tempdir().unwrap();
     let good = dir.path().join("good.yaml");
     std::fs::write(&good, "databases:\n  app: {}\n").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_usher"))
+    let out = usher_cli()
         .args(["check", "--config"])
         .arg(&good)
         .output()
@@ -381,7 +371,7 @@ fn check_validates_and_names_file_and_key() {
 
     let bad = dir.path().join("bad.yaml");
     std::fs::write(&bad, "databases:\n  app:\n    port: not-a-port\n").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_usher"))
+    let out = usher_cli()
         .args(["check", "--config"])
         .arg(&bad)
         .output()
@@ -393,7 +383,7 @@ fn check_validates_and_names_file_and_key() {
     assert!(err.contains("expected u16"), "{err}");
 
     std::fs::write(&bad, "pool_sise: 5\n").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_usher"))
+    let out = usher_cli()
         .args(["check", "--config"])
         .arg(&bad)
         .output()
@@ -401,7 +391,7 @@ fn check_validates_and_names_file_and_key() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown field `pool_sise`"));
 
-    let out = Command::new(env!("CARGO_BIN_EXE_usher"))
+    let out = usher_cli()
         .args(["check", "--config", "/nonexistent.yaml"])
         .output()
         .unwrap();
@@ -423,7 +413,9 @@ fn peak_rss_kb(pid: u32) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_result_is_not_held_in_memory_whole() {
     let pg = PgCluster::shared();
-    let usher = UsherProcess::start(pg, "pool_mode: transaction\n");
+    let usher = UsherProcess::builder(pg)
+        .extra("pool_mode: transaction\n")
+        .start();
     let (c, _driver) = usher.alice().await;
     let before = peak_rss_kb(usher.child.id());
     // About 300 MB of rows; the client reads them slowly at first so that
@@ -443,6 +435,7 @@ async fn a_large_result_is_not_held_in_memory_whole() {
     {
         n += 1;
         if n == 10 {
+            // A slow reader on purpose: usher must hold back meanwhile.
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     }
@@ -479,11 +472,7 @@ async fn psql_ctrl_c_cancels_through_usher() {
         .spawn()
         .unwrap();
     // Wait until the query runs on the server, then press Ctrl-C.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while pg.psql_super("SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(30)' AND state = 'active'") != "1" {
-        assert!(Instant::now() < deadline, "the query never started");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    pg.wait_until_active("SELECT pg_sleep(30)").await;
     let started = Instant::now();
     unsafe { libc::kill(child.id().unwrap() as i32, libc::SIGINT) };
     let out = tokio::time::timeout(Duration::from_secs(10), child.wait_with_output())
@@ -522,100 +511,49 @@ fn metric(text: &str, prefix: &str) -> Option<f64> {
 const WRONG_PASSWORD: &str = "not-alices-pw";
 
 /// usher as a child process with the whole configuration given (it must
-/// say `listen: 127.0.0.1:0`, as `usher_yaml` does) and its stderr (the log)
-/// in a file; `USHER_LOG` is not passed on, so `log.*` applies.
-struct LoggedUsher {
-    child: std::process::Child,
-    port: u16,
-    log: std::path::PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl LoggedUsher {
-    fn start(yaml: &str) -> LoggedUsher {
-        let port = common::free_port();
-        let dir = tempfile::tempdir().unwrap();
-        let config = dir.path().join("usher.yaml");
-        std::fs::write(
-            &config,
-            yaml.replace("listen: 127.0.0.1:0", &format!("listen: 127.0.0.1:{port}")),
-        )
-        .unwrap();
-        let log = dir.path().join("stderr.log");
-        let child = Command::new(env!("CARGO_BIN_EXE_usher"))
-            .arg("--config")
-            .arg(&config)
-            .env_remove("USHER_LOG")
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("start usher");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "usher did not start listening");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        LoggedUsher {
-            child,
-            port,
-            log,
-            _dir: dir,
-        }
-    }
-
-    fn conn_str(&self, user: &str, password: &str, db: &str) -> String {
-        format!(
-            "host=127.0.0.1 port={} user={user} password={password} dbname={db}",
-            self.port
-        )
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap()
-    }
-}
-
-impl Drop for LoggedUsher {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// say `listen: 127.0.0.1:0`, as `usher_yaml` does); `USHER_LOG` is not
+/// passed on, so `log.*` applies.
+fn logged_usher(yaml: &str) -> UsherProcess {
+    UsherProcess::builder_yaml(yaml)
+        .env_remove("USHER_LOG")
+        .start()
 }
 
 /// Scrapes until `prefix`'s value is `want` (or panics after 10 s).
 async fn scrape_until(port: u16, prefix: &str, want: f64) -> String {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let text = scrape(port).await;
-        if metric(&text, prefix) == Some(want) {
-            return text;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{prefix} never became {want}:\n{text}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_async(
+        Duration::from_secs(10),
+        &format!("{prefix} becomes {want}"),
+        || async {
+            let text = scrape(port).await;
+            if metric(&text, prefix) == Some(want) {
+                Ok(text)
+            } else {
+                Err(text)
+            }
+        },
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_metrics_endpoint_moves_with_traffic() {
     let pg = PgCluster::shared();
-    let metrics_port = common::free_port();
     // A database whose server takes the TCP connection and never answers:
     // server connections to it stay in login until server_connect_timeout.
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let silent_port = silent.local_addr().unwrap().port();
-    let yaml = common::usher_yaml(
-        pg,
-        &format!("pool_mode: transaction\nmetrics:\n  listen: 127.0.0.1:{metrics_port}\n"),
-    )
-    .replace(
+    let yaml = common::usher_yaml(pg, "pool_mode: transaction\n").replace(
         "databases:\n",
         &format!(
             "databases:\n  silent:\n    host: 127.0.0.1\n    port: {silent_port}\n    server_connect_timeout: 2\n"
         ),
     );
-    let usher = LoggedUsher::start(&yaml);
+    let usher = UsherProcess::builder_yaml(&yaml)
+        .env_remove("USHER_LOG")
+        .metrics()
+        .start();
+    let metrics_port = usher.metrics_port.unwrap();
     let conn = usher.conn_str("alice", ALICE_PASSWORD, "app");
     let (c, driver) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
         .await
@@ -752,16 +690,20 @@ async fn the_metrics_endpoint_moves_with_traffic() {
 }
 
 /// Waits until the log has a line containing `what`; returns the log.
-async fn log_until(usher: &LoggedUsher, what: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let log = usher.log();
-        if log.contains(what) {
-            return log;
-        }
-        assert!(Instant::now() < deadline, "no {what:?} in the log:\n{log}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+async fn log_until(usher: &UsherProcess, what: &str) -> String {
+    wait_for_async(
+        Duration::from_secs(10),
+        &format!("{what:?} in the log"),
+        || async {
+            let log = usher.log();
+            if log.contains(what) {
+                Ok(log)
+            } else {
+                Err(log)
+            }
+        },
+    )
+    .await
 }
 
 /// The number after `name=` in `line`.
@@ -787,7 +729,7 @@ async fn connection_events_are_logged_as_configured() {
             false,
         ),
     ] {
-        let usher = LoggedUsher::start(&common::usher_yaml(pg, extra));
+        let usher = logged_usher(&common::usher_yaml(pg, extra));
         let (c, driver) = tokio_postgres::connect(
             &usher.conn_str("alice", ALICE_PASSWORD, "app"),
             tokio_postgres::NoTls,
@@ -813,8 +755,7 @@ async fn connection_events_are_logged_as_configured() {
         .await
         .unwrap();
         tokio::spawn(console_driver);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
+        wait_for_async(Duration::from_secs(10), "the client leaves", || async {
             let used = console
                 .simple_query("SHOW LISTS")
                 .await
@@ -829,11 +770,12 @@ async fn connection_events_are_logged_as_configured() {
                     _ => None,
                 });
             if used.as_deref() == Some("1") {
-                break;
+                Ok(())
+            } else {
+                Err(used)
             }
-            assert!(Instant::now() < deadline, "the client never left: {used:?}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        })
+        .await;
         let log = log_until(&usher, "usher is accepting connections").await;
         assert!(
             !log.contains(ALICE_PASSWORD),
@@ -1036,7 +978,9 @@ async fn a_pgbouncer_exporters_queries_all_answer_in_its_shapes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn console_shutdown_answers_then_closes_the_console_and_exits() {
     let pg = PgCluster::shared();
-    let mut usher = UsherProcess::start(pg, "shutdown_timeout: 30\n");
+    let mut usher = UsherProcess::builder(pg)
+        .extra("shutdown_timeout: 30\n")
+        .start();
     let admin = format!(
         "host=127.0.0.1 port={} user=admin password=admin-pw dbname=pgbouncer",
         usher.port

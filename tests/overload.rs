@@ -3,140 +3,64 @@
 
 mod common;
 
-use common::{free_port, sqlstate, usher_yaml, PgCluster, Usher, ALICE_PASSWORD};
+use common::wait::{eventually_async, wait_for, wait_for_async, DEADLINE};
+use common::{sqlstate, usher_yaml, PgCluster, Usher, UsherProcess, ALICE_PASSWORD};
 use std::net::SocketAddr;
-use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
-use std::process::{Child, Command};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
 /// usher as a child process whose descriptors are limited to `nofile`
 /// (RLIMIT_NOFILE, set in the child only: the test process keeps its own),
-/// with its log (stderr, `USHER_LOG=warn`) in a file, and its metrics
-/// endpoint on `metrics_port`.
-struct LimitedUsher {
-    child: Child,
-    port: u16,
-    metrics_port: u16,
-    log: PathBuf,
-    _dir: tempfile::TempDir,
+/// with its metrics endpoint on a port of its own.
+fn limited_usher(pg: &PgCluster, nofile: u64) -> UsherProcess {
+    UsherProcess::builder(pg)
+        .metrics()
+        .rlimit_nofile(nofile)
+        .start()
 }
 
-impl LimitedUsher {
-    fn start(pg: &PgCluster, nofile: u64) -> LimitedUsher {
-        // A port another test took between free_port() and usher's bind
-        // makes usher exit: then again with other ports.
-        for _ in 0..5 {
-            if let Some(usher) = LimitedUsher::try_start(pg, nofile) {
-                return usher;
-            }
-        }
-        panic!("usher did not start");
-    }
-
-    fn try_start(pg: &PgCluster, nofile: u64) -> Option<LimitedUsher> {
-        let port = free_port();
-        let metrics_port = free_port();
-        let yaml = usher_yaml(
-            pg,
-            &format!("metrics:\n  listen: 127.0.0.1:{metrics_port}\n"),
-        )
-        .replace("listen: 127.0.0.1:0", &format!("listen: 127.0.0.1:{port}"));
-        let dir = tempfile::tempdir().unwrap();
-        let config = dir.path().join("usher.yaml");
-        std::fs::write(&config, yaml).unwrap();
-        let log = dir.path().join("stderr.log");
-        let mut command = Command::new(env!("CARGO_BIN_EXE_usher"));
-        command
-            .arg("--config")
-            .arg(&config)
-            .env("USHER_LOG", "warn")
-            .stderr(std::fs::File::create(&log).unwrap());
-        // SAFETY: setrlimit is async-signal-safe; nothing else runs between
-        // fork and exec.
-        unsafe {
-            command.pre_exec(move || {
-                let limit = libc::rlimit {
-                    rlim_cur: nofile,
-                    rlim_max: nofile,
-                };
-                if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let mut child = command.spawn().expect("start usher");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "usher did not start listening");
-            if child.try_wait().unwrap().is_some() {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        // Still running: the port that answered is its own.
-        std::thread::sleep(Duration::from_millis(100));
-        if child.try_wait().unwrap().is_some() {
-            return None;
-        }
-        Some(LimitedUsher {
-            child,
-            port,
-            metrics_port,
-            log,
-            _dir: dir,
-        })
-    }
-
-    fn addr(&self) -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, 1], self.port))
-    }
-
-    fn alice_conn_str(&self) -> String {
-        format!(
-            "host=127.0.0.1 port={} user=alice password={ALICE_PASSWORD} dbname=app connect_timeout=30",
-            self.port
-        )
-    }
-
-    /// Descriptors the child has open now.
-    fn open_fds(&self) -> usize {
-        std::fs::read_dir(format!("/proc/{}/fd", self.child.id()))
-            .map(|d| d.count())
-            .unwrap_or(0)
-    }
-
-    /// CPU time (user + system) the child used so far, in clock ticks.
-    fn cpu_ticks(&self) -> u64 {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap();
-        // After the command name (in parentheses): state is field 3, utime
-        // and stime are fields 14 and 15.
-        let rest = &stat[stat.rfind(')').unwrap() + 2..];
-        let f: Vec<&str> = rest.split(' ').collect();
-        f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap()
-    }
-
-    /// Log lines about failed accepts.
-    fn accept_error_lines(&self) -> usize {
-        self.log()
-            .lines()
-            .filter(|l| l.to_ascii_lowercase().contains("accept"))
-            .count()
-    }
+/// alice's connection string, waiting up to 30 s for the connection.
+fn alice_conn_str(usher: &UsherProcess) -> String {
+    format!("{} connect_timeout=30", usher.alice_conn_str())
 }
 
-impl Drop for LimitedUsher {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Descriptors the child has open now.
+fn open_fds(usher: &UsherProcess) -> usize {
+    std::fs::read_dir(format!("/proc/{}/fd", usher.pid()))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// CPU time (user + system) the child used so far, in clock ticks.
+fn cpu_ticks(usher: &UsherProcess) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", usher.pid())).unwrap();
+    // After the command name (in parentheses): state is field 3, utime
+    // and stime are fields 14 and 15.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split(' ').collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+/// Log lines about failed accepts.
+fn accept_error_lines(usher: &UsherProcess) -> usize {
+    usher
+        .log()
+        .lines()
+        .filter(|l| l.to_ascii_lowercase().contains("accept"))
+        .count()
+}
+
+/// Waits until a scrape of the metrics endpoint at `port` answers 200;
+/// the response.
+async fn scrape_ok(port: u16) -> String {
+    wait_for_async(Duration::from_secs(30), "a scrape answers", || async {
+        match http_get(port, "/metrics").await {
+            Ok(text) if text.starts_with("HTTP/1.1 200") => Ok(text),
+            other => Err(other),
+        }
+    })
+    .await
 }
 
 /// alice logs in through `usher` and runs a query.
@@ -162,9 +86,9 @@ async fn http_get(port: u16, path: &str) -> std::io::Result<String> {
 async fn out_of_descriptors_usher_backs_off_quietly_and_recovers() {
     let pg = PgCluster::shared();
     let nofile = 64;
-    let usher = LimitedUsher::start(pg, nofile);
-    let metrics_port = usher.metrics_port;
-    alice_queries(&usher.alice_conn_str())
+    let usher = limited_usher(pg, nofile);
+    let metrics_port = usher.metrics_port.unwrap();
+    alice_queries(&alice_conn_str(&usher))
         .await
         .expect("alice logs in before the descriptors run out");
     // Silent clients until usher has no descriptor left: those it accepted
@@ -174,29 +98,34 @@ async fn out_of_descriptors_usher_backs_off_quietly_and_recovers() {
     for _ in 0..nofile + 20 {
         silent.push(TcpStream::connect(usher.addr()).await.unwrap());
     }
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while usher.open_fds() < nofile as usize - 1 {
-        assert!(
-            Instant::now() < deadline,
-            "usher never ran out of descriptors: {} open",
-            usher.open_fds()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for(
+        Duration::from_secs(20),
+        "usher runs out of descriptors",
+        || {
+            let open = open_fds(&usher);
+            if open >= nofile as usize - 1 {
+                Ok(())
+            } else {
+                Err(format!("{open} open"))
+            }
+        },
+    );
     // A login and a scrape arrive while none is left: both wait in the
     // backlogs, and both accept loops hit EMFILE.
     let login = tokio::spawn({
-        let conn_str = usher.alice_conn_str();
+        let conn_str = alice_conn_str(&usher);
         async move { alice_queries(&conn_str).await }
     });
     let scrape = tokio::spawn(http_get(metrics_port, "/metrics"));
-    let cpu = usher.cpu_ticks();
+    let cpu = cpu_ticks(&usher);
+    // A fixed window on purpose: what usher does with its time while out
+    // of descriptors.
     tokio::time::sleep(Duration::from_secs(2)).await;
     // Printed, not asserted (no timing in tests): a spinning accept loop
     // shows as about 200 ticks (a core for two seconds).
     eprintln!(
         "CPU while out of descriptors: {} ticks in 2 s",
-        usher.cpu_ticks() - cpu
+        cpu_ticks(&usher) - cpu
     );
     // Descriptors come back: the silent clients leave.
     drop(silent);
@@ -218,21 +147,12 @@ async fn out_of_descriptors_usher_backs_off_quietly_and_recovers() {
             .map(|t| t.lines().next().map(str::to_string))
     );
     // Logins and scrapes work again.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        match http_get(metrics_port, "/metrics").await {
-            Ok(text) if text.starts_with("HTTP/1.1 200") => {
-                assert!(text.contains("usher_clients_connected"), "{text}");
-                break;
-            }
-            other => assert!(Instant::now() < deadline, "no scrape: {other:?}"),
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    alice_queries(&usher.alice_conn_str())
+    let text = scrape_ok(metrics_port).await;
+    assert!(text.contains("usher_clients_connected"), "{text}");
+    alice_queries(&alice_conn_str(&usher))
         .await
         .expect("new logins work");
-    let lines = usher.accept_error_lines();
+    let lines = accept_error_lines(&usher);
     eprintln!("{lines} log lines about accepts:");
     for l in usher.log().lines().filter(|l| l.contains("accept")) {
         eprintln!("  {l}");
@@ -249,8 +169,9 @@ async fn idle_connections_to_the_metrics_endpoint_are_bounded_and_closed() {
     let pg = PgCluster::shared();
     // Room for what usher needs and the endpoint's 64 connections, not for
     // 200 idle ones.
-    let usher = LimitedUsher::start(pg, 128);
-    let metrics_port = usher.metrics_port;
+    let usher = limited_usher(pg, 128);
+    let metrics_port = usher.metrics_port.unwrap();
+    let before = open_fds(&usher);
     let mut idle = Vec::new();
     for _ in 0..200 {
         idle.push(
@@ -259,10 +180,17 @@ async fn idle_connections_to_the_metrics_endpoint_are_bounded_and_closed() {
                 .unwrap(),
         );
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The endpoint has taken all it serves at once (metrics.max_connections,
+    // 64 by default); the rest wait in the backlog.
+    eventually_async(
+        Duration::from_secs(30),
+        "the metrics endpoint holds 64 idle connections",
+        || async { open_fds(&usher) >= before + 64 },
+    )
+    .await;
     tokio::time::timeout(
         Duration::from_secs(30),
-        alice_queries(&usher.alice_conn_str()),
+        alice_queries(&alice_conn_str(&usher)),
     )
     .await
     .expect("a login is not starved of descriptors by idle scrapers")
@@ -280,21 +208,14 @@ async fn idle_connections_to_the_metrics_endpoint_are_bounded_and_closed() {
         "{answer}"
     );
     drop(idle);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        match http_get(metrics_port, "/metrics").await {
-            Ok(text) if text.starts_with("HTTP/1.1 200") => break,
-            other => assert!(Instant::now() < deadline, "no scrape: {other:?}"),
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    scrape_ok(metrics_port).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_metrics_endpoint_answers_only_get_metrics() {
     let pg = PgCluster::shared();
-    let usher = LimitedUsher::start(pg, 1024);
-    let metrics_port = usher.metrics_port;
+    let usher = limited_usher(pg, 1024);
+    let metrics_port = usher.metrics_port.unwrap();
     let ok = http_get(metrics_port, "/metrics").await.unwrap();
     assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
     assert!(
@@ -369,7 +290,11 @@ async fn one_address_cannot_take_every_login_slot() {
     for _ in 0..3 {
         silent.push(connect_from(other, usher.addr).await);
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // They hold the slots once usher has accepted them.
+    eventually_async(DEADLINE, "three login slots in use", || async {
+        usher.app.login_slots.in_use() == 3
+    })
+    .await;
     let e = alice_from(other, &usher)
         .await
         .expect_err("127.0.0.2 is over its limit");
@@ -398,9 +323,10 @@ async fn one_address_cannot_take_every_login_slot() {
     usher.rewrite_config(&usher_yaml(pg, extra));
     usher.app.reload().expect("reload");
     drop(silent);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while alice_from(other, &usher).await.is_err() {
-        assert!(Instant::now() < deadline, "127.0.0.2's slots not freed");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually_async(
+        Duration::from_secs(10),
+        "127.0.0.2's slots are freed",
+        || async { alice_from(other, &usher).await.is_ok() },
+    )
+    .await;
 }

@@ -255,7 +255,8 @@ async fn session_mode_resets_the_server_between_clients() {
             .unwrap();
         backend_pid(&a).await
     };
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    // The server connection is back in the pool.
+    common::console::wait_pool(usher.addr.port(), "alice", "sv_idle", "1").await;
     let b = usher.alice().await;
     assert_eq!(
         backend_pid(&b).await,

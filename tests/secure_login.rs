@@ -155,7 +155,11 @@ async fn verify_full_psql_logs_in_with_a_server_only_scram_password_and_no_secre
     let server_final = String::from_utf8(body[4..].to_vec()).unwrap();
     client.finish(server_final.as_bytes()).unwrap();
     drop(tls);
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // Every connection has ended, so all it logs is in the log.
+    common::wait::eventually_async(common::wait::DEADLINE, "the clients leave", || async {
+        usher.app.clients.connected() == 0
+    })
+    .await;
 
     let text = log.text();
     // Each attempt's outcome is there, with who and how.

@@ -11,7 +11,6 @@ use common::wire::{read_message, startup_packet};
 use common::{sqlstate, PgCluster, Usher, ALICE_PASSWORD};
 use std::path::PathBuf;
 use std::sync::OnceLock;
-use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use usher::auth::AuthOutcome;
 
@@ -182,7 +181,7 @@ async fn a_plaintext_cancel_request_reaches_a_tls_client_query() {
     tls.write_all(&common::wire::message(b'Q', b"SELECT pg_sleep(30)\0"))
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    e.pg.wait_until_active("SELECT pg_sleep(30)").await;
     // libpq before PostgreSQL 17 sends cancel requests unencrypted.
     let mut cancel = tokio::net::TcpStream::connect(usher.addr).await.unwrap();
     let mut packet = 16u32.to_be_bytes().to_vec();
@@ -395,7 +394,7 @@ fn usher_check_reads_the_certificate_and_auth_files() {
     let check = |yaml: String| {
         let path = dir.path().join("usher.yaml");
         std::fs::write(&path, yaml).unwrap();
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_usher"))
+        let out = common::usher_cli()
             .args(["check", "--config"])
             .arg(&path)
             .output()

@@ -89,3 +89,25 @@ pub fn get<'a>(r: &'a Row, column: &str) -> Option<&'a str> {
         .unwrap_or_else(|| panic!("no column {column} in {r:?}"))
         .as_deref()
 }
+
+/// Waits until SHOW POOLS on the usher listening on `port` shows `value`
+/// in `column` for the pool of `user` in database `app`.
+pub async fn wait_pool(port: u16, user: &str, column: &str, value: &str) {
+    super::wait::wait_for_async(
+        super::wait::DEADLINE,
+        &format!("SHOW POOLS: {column} = {value} for {user}/app"),
+        || async {
+            let rows = console_at(port, "SHOW POOLS")
+                .await
+                .map_err(|e| e.to_string())?;
+            let pool = rows.iter().find(|r| {
+                r["database"].as_deref() == Some("app") && r["user"].as_deref() == Some(user)
+            });
+            match pool.map(|r| get(r, column)) {
+                Some(Some(v)) if v == value => Ok(()),
+                _ => Err(format!("{pool:?}")),
+            }
+        },
+    )
+    .await
+}

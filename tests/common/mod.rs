@@ -6,6 +6,7 @@ pub mod attempts;
 pub mod console;
 pub mod libpq;
 pub mod tls;
+pub mod wait;
 pub mod wire;
 
 use std::io::Write;
@@ -88,6 +89,14 @@ fn run_ok(mut cmd: Command, what: &str) {
 impl PgCluster {
     /// initdb, configure (scram-sha-256 over TCP, test roles), start.
     pub fn start() -> PgCluster {
+        PgCluster::start_first_on(None)
+    }
+
+    /// [`PgCluster::start`], trying `port` first (tests of the harness: a
+    /// port already taken). free_port() can race with another process
+    /// taking the port before the server binds it: the server then exits
+    /// (EADDRINUSE) and is started again on another port.
+    pub fn start_first_on(first_port: Option<u16>) -> PgCluster {
         let bin = pg_bin_dir();
         let tmp = tempfile::Builder::new()
             .prefix("usher-pg-")
@@ -133,9 +142,8 @@ impl PgCluster {
             ])
             .arg(format!("--pwfile={}", pwfile.display()));
         run_ok(initdb, "initdb");
-        let port = free_port();
         let conf = format!(
-            "port = {port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\nfsync = off\nsynchronous_commit = off\nfull_page_writes = off\nmax_connections = 300\nshared_buffers = 32MB\npassword_encryption = 'scram-sha-256'\nlog_min_messages = warning\n",
+            "listen_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\nfsync = off\nsynchronous_commit = off\nfull_page_writes = off\nmax_connections = 300\nshared_buffers = 32MB\npassword_encryption = 'scram-sha-256'\nlog_min_messages = warning\n",
             dir.display()
         );
         std::fs::OpenOptions::new()
@@ -144,13 +152,37 @@ impl PgCluster {
             .unwrap()
             .write_all(conf.as_bytes())
             .unwrap();
-        let cluster = PgCluster {
-            port,
+        let mut cluster = PgCluster {
+            port: 0,
             dir,
             bin,
             _tmp: tmp,
         };
-        cluster.pg_ctl_start();
+        let mut first_port = first_port;
+        for attempt in 1.. {
+            cluster.port = first_port.take().unwrap_or_else(free_port);
+            // The last `port` line of postgresql.conf wins.
+            std::fs::OpenOptions::new()
+                .append(true)
+                .open(data.join("postgresql.conf"))
+                .unwrap()
+                .write_all(format!("port = {}\n", cluster.port).as_bytes())
+                .unwrap();
+            let log = cluster.dir.join("log");
+            let logged = std::fs::metadata(&log).map_or(0, |m| m.len() as usize);
+            let out = cluster.pg_ctl_start_output();
+            if out.status.success() {
+                break;
+            }
+            let new_log = std::fs::read(&log).unwrap_or_default();
+            let new_log = String::from_utf8_lossy(&new_log[logged.min(new_log.len())..]);
+            assert!(
+                new_log.contains("Address already in use") && attempt < 5,
+                "pg_ctl start failed: {}\n{}\n{new_log}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
         cluster.psql_super(&format!(
             "CREATE ROLE alice LOGIN PASSWORD '{ALICE_PASSWORD}'; CREATE ROLE bob LOGIN PASSWORD '{BOB_PASSWORD}';"
         ));
@@ -180,14 +212,23 @@ impl PgCluster {
     }
 
     pub fn pg_ctl_start(&self) {
+        let out = self.pg_ctl_start_output();
+        assert!(
+            out.status.success(),
+            "pg_ctl start failed: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    fn pg_ctl_start_output(&self) -> std::process::Output {
         let mut c = pg_command(&self.bin, "pg_ctl");
         c.arg("-D")
             .arg(self.data())
             .arg("-l")
             .arg(self.dir.join("log"))
             .args(["-w", "-t", "60", "start"]);
-        c.stdout(Stdio::null());
-        run_ok(c, "pg_ctl start");
+        c.output().expect("pg_ctl start")
     }
 
     pub fn stop(&self) {
@@ -239,6 +280,30 @@ impl PgCluster {
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     }
 
+    /// Whether `query` runs on this cluster now (active in pg_stat_activity).
+    pub fn query_active(&self, query: &str) -> bool {
+        let n = self.psql_super(&format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE query = '{}' AND state = 'active'",
+            query.replace('\'', "''")
+        ));
+        n != "0"
+    }
+
+    /// Waits until `query` runs on this cluster (psql polls it off the
+    /// runtime's threads).
+    pub async fn wait_until_active(&'static self, query: &str) {
+        let query = query.to_string();
+        wait::eventually_async(wait::DEADLINE, &format!("{query} runs"), || {
+            let query = query.clone();
+            async move {
+                tokio::task::spawn_blocking(move || self.query_active(&query))
+                    .await
+                    .unwrap()
+            }
+        })
+        .await
+    }
+
     pub fn bin(&self, program: &str) -> PathBuf {
         self.bin.join(program)
     }
@@ -255,6 +320,10 @@ impl Drop for PgCluster {
 /// hooks, the hooks folder is one without files, so the example hooks of
 /// the repository do not run in every test.
 pub fn usher_yaml(cluster: &PgCluster, extra: &str) -> String {
+    usher_yaml_for(cluster.port, extra)
+}
+
+fn usher_yaml_for(cluster_port: u16, extra: &str) -> String {
     let hooks = if extra.contains("hooks:") {
         ""
     } else {
@@ -265,7 +334,7 @@ pub fn usher_yaml(cluster: &PgCluster, extra: &str) -> String {
          databases:\n  app:\n    host: 127.0.0.1\n    port: {}\n\
          users:\n  alice:\n    password: {ALICE_PASSWORD}\n  bob:\n    password: {BOB_PASSWORD}\n  admin:\n    password: admin-pw\n\
          admin:\n  users: [admin]\n{hooks}{extra}",
-        cluster.port
+        cluster_port
     )
 }
 
@@ -343,51 +412,234 @@ impl Drop for Usher {
     }
 }
 
-/// usher as a child process (for signals and memory measurements).
+/// The usher binary for its one-shot commands (`check`, `hooks check`,
+/// `hooks try`); a running usher is started with [`UsherProcess::builder`].
+pub fn usher_cli() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_usher"))
+}
+
+/// usher as a child process (for signals, exit codes, its log, resource
+/// limits and memory measurements), started with [`UsherProcess::builder`].
+/// Its stderr (the log) goes to a file ([`UsherProcess::log`]), printed
+/// when a test fails while it runs.
 pub struct UsherProcess {
     pub child: Child,
     pub port: u16,
+    /// The metrics endpoint's port, when started with `.metrics()`.
+    pub metrics_port: Option<u16>,
     /// The configuration file it runs with (SIGHUP reads it again).
     pub config_path: PathBuf,
+    log_path: PathBuf,
     _dir: tempfile::TempDir,
 }
 
-impl UsherProcess {
-    pub fn start(cluster: &PgCluster, extra: &str) -> UsherProcess {
-        let port = free_port();
-        let yaml = usher_yaml(cluster, extra)
-            .replace("listen: 127.0.0.1:0", &format!("listen: 127.0.0.1:{port}"));
+/// How to start an [`UsherProcess`]: the configuration, the environment,
+/// arguments and limits of the child.
+pub struct UsherProcessBuilder {
+    yaml: YamlSource,
+    metrics: bool,
+    env: Vec<(String, Option<String>)>,
+    args: Vec<String>,
+    nofile: Option<u64>,
+    first_port: Option<u16>,
+}
+
+enum YamlSource {
+    /// `usher_yaml(cluster, extra)`: the cluster's port and the extra lines.
+    Cluster(u16, String),
+    /// The whole configuration.
+    Whole(String),
+}
+
+impl UsherProcessBuilder {
+    /// Lines appended to the configuration (see [`usher_yaml`]).
+    pub fn extra(mut self, yaml: &str) -> Self {
+        match &mut self.yaml {
+            YamlSource::Cluster(_, extra) => extra.push_str(yaml),
+            YamlSource::Whole(whole) => whole.push_str(yaml),
+        }
+        self
+    }
+
+    /// Runs the metrics endpoint on a port of its own (`metrics_port`).
+    pub fn metrics(mut self) -> Self {
+        self.metrics = true;
+        self
+    }
+
+    /// Sets an environment variable of the child (`USHER_LOG` is `warn`
+    /// unless set or removed here).
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.to_string(), Some(value.to_string())));
+        self
+    }
+
+    /// Removes an environment variable from the child's (`USHER_LOG`: then
+    /// the configuration's `log.*` applies).
+    pub fn env_remove(mut self, key: &str) -> Self {
+        self.env.push((key.to_string(), None));
+        self
+    }
+
+    /// A command-line argument after `--config FILE`.
+    pub fn arg(mut self, arg: &str) -> Self {
+        self.args.push(arg.to_string());
+        self
+    }
+
+    /// Limits the child's file descriptors (RLIMIT_NOFILE, set in the child
+    /// only: the test process keeps its own).
+    pub fn rlimit_nofile(mut self, n: u64) -> Self {
+        self.nofile = Some(n);
+        self
+    }
+
+    /// The port of the first attempt to start (tests of the harness: a
+    /// port already taken).
+    pub fn first_port(mut self, port: u16) -> Self {
+        self.first_port = Some(port);
+        self
+    }
+
+    /// Starts usher and waits until it listens. free_port() can race with
+    /// another process taking the port before usher binds it: usher then
+    /// exits (EADDRINUSE), and it is started again on other ports.
+    pub fn start(self) -> UsherProcess {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("usher.yaml");
-        std::fs::write(&path, yaml).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_usher"))
-            .arg("--config")
-            .arg(&path)
-            .env("USHER_LOG", "warn")
-            .spawn()
-            .expect("start usher");
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        let config_path = dir.path().join("usher.yaml");
+        let log_path = dir.path().join("stderr.log");
+        let mut dir = Some(dir);
+        let mut first_port = self.first_port;
+        for _ in 0..5 {
+            let port = first_port.take().unwrap_or_else(free_port);
+            let metrics_port = self.metrics.then(free_port);
+            let mut yaml = match &self.yaml {
+                YamlSource::Cluster(cluster_port, extra) => usher_yaml_for(*cluster_port, extra),
+                YamlSource::Whole(whole) => whole.clone(),
+            };
             assert!(
-                std::time::Instant::now() < deadline,
-                "usher did not start listening"
+                yaml.contains("listen: 127.0.0.1:0\n"),
+                "the configuration must say `listen: 127.0.0.1:0`"
             );
-            std::thread::sleep(Duration::from_millis(20));
+            yaml = yaml.replacen(
+                "listen: 127.0.0.1:0\n",
+                &format!("listen: 127.0.0.1:{port}\n"),
+                1,
+            );
+            if let Some(m) = metrics_port {
+                yaml.push_str(&format!("metrics:\n  listen: 127.0.0.1:{m}\n"));
+            }
+            std::fs::write(&config_path, yaml).unwrap();
+            let mut command = usher_cli();
+            command
+                .arg("--config")
+                .arg(&config_path)
+                .args(&self.args)
+                .env("USHER_LOG", "warn")
+                .stderr(std::fs::File::create(&log_path).unwrap());
+            for (key, value) in &self.env {
+                match value {
+                    Some(v) => command.env(key, v),
+                    None => command.env_remove(key),
+                };
+            }
+            if let Some(nofile) = self.nofile {
+                use std::os::unix::process::CommandExt;
+                // SAFETY: setrlimit is async-signal-safe; nothing else runs
+                // between fork and exec.
+                unsafe {
+                    command.pre_exec(move || {
+                        let limit = libc::rlimit {
+                            rlim_cur: nofile,
+                            rlim_max: nofile,
+                        };
+                        if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                        Ok(())
+                    });
+                }
+            }
+            let mut child = command.spawn().expect("start usher");
+            // Listening: its own socket on the port (not merely something
+            // answering there), or it exited.
+            let exited = wait::wait_for(Duration::from_secs(30), "usher listens", || {
+                if let Some(status) = child.try_wait().unwrap() {
+                    return Ok(Some(status));
+                }
+                if wait::listens_on(child.id(), port) {
+                    return Ok(None);
+                }
+                Err(std::fs::read_to_string(&log_path).unwrap_or_default())
+            });
+            match exited {
+                None => {
+                    return UsherProcess {
+                        child,
+                        port,
+                        metrics_port,
+                        config_path,
+                        log_path,
+                        _dir: dir.take().unwrap(),
+                    }
+                }
+                Some(status) => {
+                    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+                    // EADDRINUSE: a port was taken; again with others.
+                    assert!(
+                        log.contains("os error 98"),
+                        "usher exited at start ({status}):\n{log}"
+                    );
+                }
+            }
         }
-        UsherProcess {
-            child,
-            port,
-            config_path: path,
-            _dir: dir,
+        panic!("usher did not start: its ports were taken five times");
+    }
+}
+
+impl UsherProcess {
+    /// usher in front of `cluster` (the configuration of [`usher_yaml`]).
+    pub fn builder(cluster: &PgCluster) -> UsherProcessBuilder {
+        UsherProcess::builder_from(YamlSource::Cluster(cluster.port, String::new()))
+    }
+
+    /// usher with the whole configuration given; it must say
+    /// `listen: 127.0.0.1:0`, as [`usher_yaml`] does (the port is chosen at
+    /// start).
+    pub fn builder_yaml(yaml: &str) -> UsherProcessBuilder {
+        UsherProcess::builder_from(YamlSource::Whole(yaml.to_string()))
+    }
+
+    fn builder_from(yaml: YamlSource) -> UsherProcessBuilder {
+        UsherProcessBuilder {
+            yaml,
+            metrics: false,
+            env: Vec::new(),
+            args: Vec::new(),
+            nofile: None,
+            first_port: None,
         }
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// A connection string to this usher.
+    pub fn conn_str(&self, user: &str, password: &str, database: &str) -> String {
+        format!(
+            "host=127.0.0.1 port={} user={user} password={password} dbname={database}",
+            self.port
+        )
     }
 
     /// alice's connection string to this usher (database `app`).
     pub fn alice_conn_str(&self) -> String {
-        format!(
-            "host=127.0.0.1 port={} user=alice password={ALICE_PASSWORD} dbname=app",
-            self.port
-        )
+        self.conn_str("alice", ALICE_PASSWORD, "app")
     }
 
     /// alice connected to this usher, with her connection's driver task.
@@ -406,12 +658,32 @@ impl UsherProcess {
     pub fn signal(&self, sig: i32) {
         unsafe { libc::kill(self.child.id() as i32, sig) };
     }
+
+    /// What usher wrote to stderr so far (its log).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap()
+    }
+
+    /// Waits (up to `timeout`) for usher to exit; its exit status.
+    pub fn wait_exit(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        let child = &mut self.child;
+        wait::wait_for(timeout, "usher exits", || {
+            child.try_wait().unwrap().ok_or("still running")
+        })
+    }
 }
 
 impl Drop for UsherProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!(
+                "--- usher's log (port {}) ---\n{}",
+                self.port,
+                std::fs::read_to_string(&self.log_path).unwrap_or_default()
+            );
+        }
     }
 }
 

@@ -106,12 +106,20 @@ impl PgCluster {
     }
 
     pub fn reload(&self) {
+        let loaded = || self.psql_super("SELECT pg_conf_load_time()");
+        let before = loaded();
         let mut c = pg_command(&self.bin, "pg_ctl");
         c.arg("-D").arg(self.dir.join("data")).arg("reload");
         c.stdout(std::process::Stdio::null());
         run_ok(c, "pg_ctl reload");
-        // The postmaster applies a reload asynchronously; give it a moment.
-        std::thread::sleep(std::time::Duration::from_millis(300));
+        // The postmaster applies a reload asynchronously. A new backend
+        // inherits the postmaster's reload time, which changes once it has
+        // read the files again (pg_hba.conf and the SSL files included).
+        super::wait::eventually(
+            super::wait::DEADLINE,
+            "PostgreSQL reloads its configuration",
+            || loaded() != before,
+        );
     }
 }
 

@@ -94,9 +94,14 @@ pub async fn close_with_error<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S,
     // On the heap: an array here would make this future (and every client
     // task that may call it) 4 KB larger for the client's whole life.
     let mut sink = vec![0u8; 4096];
-    let _ = tokio::time::timeout(Duration::from_millis(500), async {
+    // Read what the client is still sending before closing: closing with
+    // unread bytes makes the kernel send a reset, and the client may lose
+    // the error it was just sent (a client in the middle of writing a
+    // message too large for usher would see only "connection closed").
+    // Bounded in time and bytes, so a client cannot hold its task.
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
         let mut total = 0;
-        while total < 1 << 20 {
+        while total < 64 << 20 {
             match stream.read(&mut sink).await {
                 Ok(0) | Err(_) => break,
                 Ok(n) => total += n,

@@ -228,5 +228,9 @@ async fn large_held_messages_are_bounded_per_client_and_in_total() {
     let refused = codes.iter().filter(|c| *c == "53200").count();
     eprintln!("twenty 15 MB named Parses under a 64 MB total: peak +{total} MB, {refused} refused with 53200");
     assert!(refused > 0, "{codes:?}");
-    assert!(total < 160, "peak grew by {total} MB");
+    // The budget counts read buffers; a held message also has, while it is
+    // rewritten, the copy sent to the server and the statement text kept:
+    // up to three times the budget (64 MiB) at peak, never the 900 MB that
+    // twenty such clients would hold without it.
+    assert!(total < 3 * 64 + 32, "peak grew by {total} MB");
 }

@@ -32,8 +32,9 @@ CONF
 as_postgres "$BIN/pg_ctl" -D "$work/data" -l "$work/pg.log" -w start >/dev/null
 psql -X -q -h "$work" -p "$PGPORT" -U postgres -c "CREATE ROLE bench LOGIN PASSWORD 'bench-pw'" -c "CREATE DATABASE bench OWNER bench"
 
-# start_usher NAME PORT EXTRA_YAML: runs usher in transaction mode in front
-# of the cluster; EXTRA_YAML is appended to its configuration.
+# start_usher NAME PORT EXTRA_YAML [BINARY]: runs usher (this tree's release
+# build unless BINARY is given) in transaction mode in front of the
+# cluster; EXTRA_YAML is appended to its configuration.
 start_usher() {
   cat >"$work/$1.yaml" <<YAML
 listen: 127.0.0.1:$2
@@ -46,7 +47,7 @@ users:
 log: { level: warn }
 $3
 YAML
-  target/release/usher --config "$work/$1.yaml" 2>"$work/$1.log" &
+  "${4:-target/release/usher}" --config "$work/$1.yaml" 2>"$work/$1.log" &
   usher_pids="$usher_pids $!"
   for _ in $(seq 100); do pg_isready -q -h 127.0.0.1 -p "$2" && return; sleep 0.1; done
   echo "usher ($1) did not start:" >&2; cat "$work/$1.log" >&2; exit 1

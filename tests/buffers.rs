@@ -5,30 +5,9 @@
 
 mod common;
 
-use common::wire::{message, read_error, read_message, startup_packet};
+use common::wire::{message, read_error, read_message, trust_login};
 use common::{sqlstate, PgCluster, Usher};
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
-
-/// A raw client, logged in (trust), at its first ReadyForQuery.
-async fn logged_in(usher: &Usher) -> TcpStream {
-    let mut s = TcpStream::connect(usher.addr).await.unwrap();
-    s.write_all(&startup_packet(&[("user", "alice"), ("database", "app")]))
-        .await
-        .unwrap();
-    loop {
-        let (tag, body) = read_message(&mut s).await;
-        assert_ne!(
-            tag,
-            b'E',
-            "login failed: {}",
-            String::from_utf8_lossy(&body)
-        );
-        if tag == b'Z' {
-            return s;
-        }
-    }
-}
 
 /// A named Parse of `SELECT '<n x's>'`.
 fn named_parse(name: &str, n: usize) -> Vec<u8> {
@@ -82,7 +61,7 @@ async fn large_messages_of_all_clients_together_are_bounded_by_max_buffered_tota
     let (first, rest) = parse.split_at(1_500_000);
     // One client holds 1.5 MB of a message; a second one that would take
     // the total past 3 MB is ended with 53200.
-    let mut a = logged_in(&usher).await;
+    let mut a = trust_login(usher.addr).await;
     a.write_all(first).await.unwrap();
     common::wait::eventually_async(
         std::time::Duration::from_secs(10),
@@ -90,7 +69,7 @@ async fn large_messages_of_all_clients_together_are_bounded_by_max_buffered_tota
         || async { usher.app.buffers.used() >= 1_400_000 },
     )
     .await;
-    let mut b = logged_in(&usher).await;
+    let mut b = trust_login(usher.addr).await;
     let _ = b.write_all(first).await;
     let e = read_error(&mut b).await;
     assert_eq!(e[&'C'], "53200", "{e:?}");
@@ -100,7 +79,7 @@ async fn large_messages_of_all_clients_together_are_bounded_by_max_buffered_tota
     assert_eq!(read_message(&mut a).await.0, b'1');
     assert_eq!(read_message(&mut a).await.0, b'Z');
     // Once it is done with it, the memory is free for others.
-    let mut c = logged_in(&usher).await;
+    let mut c = trust_login(usher.addr).await;
     c.write_all(&named_parse("s2", 1_900_000)).await.unwrap();
     c.write_all(&message(b'S', b"")).await.unwrap();
     assert_eq!(read_message(&mut c).await.0, b'1');

@@ -7,31 +7,10 @@ mod common;
 
 use common::console::{console, get, row};
 use common::wait::{eventually_async, wait_for_async};
-use common::wire::{message, read_error, read_message, startup_packet};
+use common::wire::{message, read_error, trust_login};
 use common::{PgCluster, Usher};
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
-
-/// A raw client, logged in (trust), at its first ReadyForQuery.
-async fn logged_in(usher: &Usher) -> TcpStream {
-    let mut s = TcpStream::connect(usher.addr).await.unwrap();
-    s.write_all(&startup_packet(&[("user", "alice"), ("database", "app")]))
-        .await
-        .unwrap();
-    loop {
-        let (tag, body) = read_message(&mut s).await;
-        assert_ne!(
-            tag,
-            b'E',
-            "login failed: {}",
-            String::from_utf8_lossy(&body)
-        );
-        if tag == b'Z' {
-            return s;
-        }
-    }
-}
 
 /// Waits until the pool of alice/app lends `n` server connections.
 async fn wait_for_lent(usher: &Usher, n: usize) {
@@ -80,7 +59,7 @@ async fn a_client_holding_a_server_without_a_request_is_timed_out() {
         ),
     ];
     for (what, bytes) in stunts {
-        let mut holder = logged_in(&usher).await;
+        let mut holder = trust_login(usher.addr).await;
         holder.write_all(&bytes).await.unwrap();
         wait_for_lent(&usher, 1).await;
         // The next client gets the server once the holder is cut off
@@ -117,7 +96,7 @@ async fn a_client_leaving_mid_query_has_its_query_cancelled() {
         )
         .await;
         for round in 0..6 {
-            let mut quitter = logged_in(&usher).await;
+            let mut quitter = trust_login(usher.addr).await;
             quitter
                 .write_all(&message(
                     b'Q',

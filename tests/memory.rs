@@ -5,19 +5,8 @@ mod common;
 
 use common::tls::{tls_connect, write_file, TestCa};
 use common::wire::{read_message, startup_packet};
-use common::{PgCluster, UsherProcess};
+use common::{status_kb, PgCluster, UsherProcess};
 use tokio::io::AsyncWriteExt;
-
-/// Resident memory of a process now, from /proc.
-fn rss_kb(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .expect("VmRSS in /proc/pid/status")
-}
 
 /// Opens `n` clients that each ran a query and now sit idle.
 async fn idle_clients(usher: &UsherProcess, n: usize) -> Vec<tokio_postgres::Client> {
@@ -43,12 +32,12 @@ async fn an_idle_client_costs_a_few_kilobytes() {
     // Settling time before a measurement (not an event to wait for: the
     // clients are idle already, the allocator may still return memory).
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    let before = rss_kb(pid);
+    let before = status_kb(pid, "VmRSS");
     let n = 2000;
     let more = idle_clients(&usher, n).await;
     // Settling time again.
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    let after = rss_kb(pid);
+    let after = status_kb(pid, "VmRSS");
     let per_client = (after.saturating_sub(before)) as f64 / n as f64;
     eprintln!(
         "idle clients: {before} KB with 100, {after} KB with {}: {per_client:.1} KB each",
@@ -105,12 +94,12 @@ async fn an_idle_tls_client_costs_about_twice_as_much() {
     let warm = idle_tls_clients(&usher, &ca.cert_pem, 50).await;
     // Settling time before a measurement, as above.
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    let before = rss_kb(pid);
+    let before = status_kb(pid, "VmRSS");
     let n = 500;
     let more = idle_tls_clients(&usher, &ca.cert_pem, n).await;
     // Settling time again.
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    let after = rss_kb(pid);
+    let after = status_kb(pid, "VmRSS");
     let per_client = (after.saturating_sub(before)) as f64 / n as f64;
     eprintln!(
         "idle TLS clients: {before} KB with 50, {after} KB with {}: {per_client:.1} KB each",
@@ -120,17 +109,6 @@ async fn an_idle_tls_client_costs_about_twice_as_much() {
     // buffers. The bound catches a full TLS record buffer (16 KB+) kept idle.
     assert!(per_client < 24.0, "{per_client:.1} KB per idle TLS client");
     drop((warm, more));
-}
-
-/// Peak resident memory of a process so far, from /proc.
-fn peak_kb(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .expect("VmHWM in /proc/pid/status")
 }
 
 /// One message, or `None` at the end of the stream.
@@ -215,16 +193,16 @@ async fn large_held_messages_are_bounded_per_client_and_in_total() {
         .start();
     let pid = usher.child.id();
     let _warm = idle_clients(&usher, 10).await;
-    let before = peak_kb(pid);
+    let before = status_kb(pid, "VmHWM");
     let codes = send_large_parses(&usher, 4, 150 << 20).await;
-    let per_client = peak_kb(pid).saturating_sub(before) / 1024;
+    let per_client = status_kb(pid, "VmHWM").saturating_sub(before) / 1024;
     eprintln!("four 150 MB named Parses: peak +{per_client} MB, answers {codes:?}");
     assert_eq!(codes, ["54000"; 4]);
     assert!(per_client < 4 * 40, "peak grew by {per_client} MB");
 
-    let before = peak_kb(pid);
+    let before = status_kb(pid, "VmHWM");
     let codes = send_large_parses(&usher, 20, 15 << 20).await;
-    let total = peak_kb(pid).saturating_sub(before) / 1024;
+    let total = status_kb(pid, "VmHWM").saturating_sub(before) / 1024;
     let refused = codes.iter().filter(|c| *c == "53200").count();
     eprintln!("twenty 15 MB named Parses under a 64 MB total: peak +{total} MB, {refused} refused with 53200");
     assert!(refused > 0, "{codes:?}");

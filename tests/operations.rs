@@ -399,17 +399,6 @@ fn check_validates_and_names_file_and_key() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent.yaml"));
 }
 
-/// Peak resident memory of a process, from /proc.
-fn peak_rss_kb(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .expect("VmHWM in /proc/pid/status")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_result_is_not_held_in_memory_whole() {
     let pg = PgCluster::shared();
@@ -417,7 +406,7 @@ async fn a_large_result_is_not_held_in_memory_whole() {
         .extra("pool_mode: transaction\n")
         .start();
     let (c, _driver) = usher.alice().await;
-    let before = peak_rss_kb(usher.child.id());
+    let before = common::status_kb(usher.child.id(), "VmHWM");
     // About 300 MB of rows; the client reads them slowly at first so that
     // usher must hold back rather than buffer.
     let rows = c
@@ -440,7 +429,7 @@ async fn a_large_result_is_not_held_in_memory_whole() {
         }
     }
     assert_eq!(n, 1_000_000);
-    let after = peak_rss_kb(usher.child.id());
+    let after = common::status_kb(usher.child.id(), "VmHWM");
     assert!(
         after < before + 64 * 1024,
         "usher's peak memory grew from {before} kB to {after} kB while streaming ~300 MB"

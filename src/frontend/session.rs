@@ -102,6 +102,9 @@ struct Link {
     to_server: BytesMut,
     in_walker: FrameWalker,
     out_walker: FrameWalker,
+    /// What the flow noted in one walk of server bytes, recorded after it
+    /// (kept, so a transaction's notes cost no allocation).
+    notes: Vec<Note>,
 }
 
 impl Session {
@@ -157,6 +160,7 @@ impl Session {
             // by max_buffered_message; all others stream.
             in_walker: FrameWalker::new(max_message).inspect_up_to(max_buffered),
             out_walker: FrameWalker::new(usize::MAX >> 1),
+            notes: Vec::new(),
         };
         // Transaction mode: the session begins now, with no server
         // connection; session mode: when its server connection is assigned.
@@ -572,7 +576,7 @@ impl Session {
         loop {
             let mut answer = None;
             let mut release = false;
-            let mut notes = Vec::new();
+            let notes = &mut link.notes;
             let flow = &mut link.flow;
             let server = &mut link
                 .held
@@ -598,7 +602,7 @@ impl Session {
                     }
                 })
                 .map_err(|e| End::Error(server_lost(&e.message)))?;
-            for note in notes {
+            for note in link.notes.drain(..) {
                 self.record(note, server);
             }
             if walked.forward > 0 {

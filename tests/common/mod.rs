@@ -701,3 +701,15 @@ pub fn init_tracing() {
 pub fn sqlstate(e: &tokio_postgres::Error) -> Option<String> {
     e.as_db_error().map(|d| d.code().code().to_string())
 }
+
+/// A memory figure of a process from /proc/PID/status, in KB: `VmRSS`
+/// (resident now) or `VmHWM` (the peak so far).
+pub fn status_kb(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{field} in /proc/{pid}/status"))
+}

@@ -84,3 +84,24 @@ pub async fn start_sasl<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, user: &str
     assert_eq!(&body[..4], &10u32.to_be_bytes(), "AuthenticationSASL");
     body
 }
+
+/// A raw client of `addr` as alice in database `app`, logged in (the
+/// server is on `trust`), at its first ReadyForQuery.
+pub async fn trust_login(addr: impl tokio::net::ToSocketAddrs) -> tokio::net::TcpStream {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(&startup_packet(&[("user", "alice"), ("database", "app")]))
+        .await
+        .unwrap();
+    loop {
+        let (tag, body) = read_message(&mut s).await;
+        assert_ne!(
+            tag,
+            b'E',
+            "login failed: {}",
+            String::from_utf8_lossy(&body)
+        );
+        if tag == b'Z' {
+            return s;
+        }
+    }
+}

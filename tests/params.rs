@@ -30,7 +30,15 @@ async fn show(c: &tokio_postgres::Client, name: &str) -> String {
     }
 }
 
+/// The schema the tests use, made once per test process (the tests run
+/// at once, and concurrent GRANTs on one table fail with "tuple
+/// concurrently updated").
 fn setup_schema(pg: &PgCluster) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| make_schema(pg));
+}
+
+fn make_schema(pg: &PgCluster) {
     pg.psql_super_db(
         "app",
         "CREATE SCHEMA IF NOT EXISTS params_sa AUTHORIZATION alice; \

@@ -9,13 +9,13 @@ pub mod app;
 pub mod auth;
 pub mod backend;
 pub mod config;
-pub mod control;
 pub mod frontend;
 pub mod hooks;
 pub mod logging;
 pub mod metrics;
 pub mod pool;
 pub mod protocol;
+pub mod signals;
 pub mod tls;
 
 pub use app::{App, Server};

@@ -100,7 +100,7 @@ fn run(app: std::sync::Arc<usher::App>, endpoint: Option<usher::metrics::Endpoin
                 return ExitCode::from(1);
             }
         };
-        usher::control::spawn_signal_handlers(server.app.clone());
+        usher::signals::spawn_signal_handlers(server.app.clone());
         if let Some(endpoint) = endpoint {
             tokio::spawn(endpoint.serve());
         }

@@ -66,7 +66,7 @@ async fn large_messages_of_all_clients_together_are_bounded_by_max_buffered_tota
     common::wait::eventually_async(
         std::time::Duration::from_secs(10),
         "usher holds the message",
-        || async { usher.app.buffers.used() >= 1_400_000 },
+        || async { usher.app.deps.buffers.used() >= 1_400_000 },
     )
     .await;
     let mut b = trust_login(usher.addr).await;

@@ -165,7 +165,7 @@ async fn clients_still_logging_in_are_limited_by_max_auth_clients() {
     let silent2 = TcpStream::connect(usher.addr).await.unwrap();
     // They hold the slots once usher has accepted them.
     eventually_async(DEADLINE, "two login slots in use", || async {
-        usher.app.login_slots.in_use() == 2
+        usher.app.deps.login_slots.in_use() == 2
     })
     .await;
     let e = usher

@@ -132,6 +132,7 @@ async fn a_rejected_client_gets_the_hook_message_and_no_server_connection() {
     assert_eq!(db.hint(), Some("ask the DBA"));
     let bob_pool = usher
         .app
+        .deps
         .pools
         .all()
         .into_iter()

@@ -15,19 +15,8 @@ const LAYERS: &[&str] = &[
     "auth",    // client authentication (its auth query uses backend)
     "pool", "hooks", "frontend", // client sessions
     "admin",    // the console (served over a client's stream)
-    "app",      // the running pooler
-    "control",  // PAUSE/KILL/... and signals (methods of App)
-];
-
-/// Imports that still point up a layer, to be removed (issue 12). The
-/// list may only shrink: a new back-edge fails the test.
-const KNOWN_BACK_EDGES: &[(&str, &str)] = &[
-    // A session takes all of App (pools, registry, hooks, config); it
-    // should receive only what it needs.
-    ("frontend", "app"),
-    // The login hands a console client to admin::Console.
-    ("frontend", "admin"),
-    ("admin", "app"),
+    "app",      // the running pooler: owns the hook files and reload
+    "signals",  // SIGHUP, SIGTERM, ... (what they do is App's and admin's)
 ];
 
 /// `crate::<name>` paths in a file's code (comments and test modules left
@@ -92,7 +81,7 @@ fn modules_depend_on_lower_layers_only() {
     }
     let mut upward = Vec::new();
     for (from, to) in &edges {
-        if rank(to) > rank(from) && !KNOWN_BACK_EDGES.contains(&(from.as_str(), to.as_str())) {
+        if rank(to) > rank(from) {
             upward.push(format!("{from} -> {to}"));
         }
     }
@@ -101,11 +90,4 @@ fn modules_depend_on_lower_layers_only() {
         "imports that point up a layer (see LAYERS in tests/layers.rs):\n{}",
         upward.join("\n")
     );
-    // The list of known back-edges is kept honest: each one still exists.
-    for (from, to) in KNOWN_BACK_EDGES {
-        assert!(
-            edges.contains(&(from.to_string(), to.to_string())),
-            "{from} -> {to} is gone: remove it from KNOWN_BACK_EDGES"
-        );
-    }
 }

@@ -134,7 +134,7 @@ async fn too_many_clients_is_53300() {
     );
     drop(a);
     common::wait::eventually_async(common::wait::DEADLINE, "a client leaves", || async {
-        usher.app.clients.connected() == 1
+        usher.app.deps.clients.connected() == 1
     })
     .await;
     usher.alice().await; // a slot is free again

@@ -292,7 +292,7 @@ async fn one_address_cannot_take_every_login_slot() {
     }
     // They hold the slots once usher has accepted them.
     eventually_async(DEADLINE, "three login slots in use", || async {
-        usher.app.login_slots.in_use() == 3
+        usher.app.deps.login_slots.in_use() == 3
     })
     .await;
     let e = alice_from(other, &usher)

@@ -157,7 +157,7 @@ async fn verify_full_psql_logs_in_with_a_server_only_scram_password_and_no_secre
     drop(tls);
     // Every connection has ended, so all it logs is in the log.
     common::wait::eventually_async(common::wait::DEADLINE, "the clients leave", || async {
-        usher.app.clients.connected() == 0
+        usher.app.deps.clients.connected() == 0
     })
     .await;
 

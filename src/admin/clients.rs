@@ -6,8 +6,8 @@
 //! (replication, cancel requests in flight) are `none` or 0.
 
 use super::Reply;
-use crate::app::App;
 use crate::backend::ServerSummary;
+use crate::frontend::deps::SessionDeps;
 use crate::frontend::registry::{ClientHandle, ClientState};
 use crate::hooks::builtin::timestamp;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -50,8 +50,8 @@ fn s(v: impl ToString) -> Option<String> {
     Some(v.to_string())
 }
 
-pub(super) fn show_clients(app: &App) -> Reply {
-    let rows = app.clients.all().iter().map(|c| client_row(c)).collect();
+pub(super) fn show_clients(deps: &SessionDeps) -> Reply {
+    let rows = deps.clients.all().iter().map(|c| client_row(c)).collect();
     Reply::rows(&COLUMNS, rows)
 }
 
@@ -88,10 +88,10 @@ fn client_row(c: &ClientHandle) -> Vec<Option<String>> {
     ]
 }
 
-pub(super) fn show_servers(app: &App) -> Reply {
+pub(super) fn show_servers(deps: &SessionDeps) -> Reply {
     let mut rows = Vec::new();
     // Lent connections, seen through the clients that hold them.
-    for c in app.clients.all() {
+    for c in deps.clients.all() {
         if let Some(srv) = c.server() {
             let row = ServerRow {
                 summary: &srv,
@@ -106,7 +106,7 @@ pub(super) fn show_servers(app: &App) -> Reply {
             rows.push(row.cells());
         }
     }
-    let mut pools = app.pools.all();
+    let mut pools = deps.pools.all();
     pools.sort_by(|a, b| (&a.database, &a.user).cmp(&(&b.database, &b.user)));
     let now = (Instant::now(), SystemTime::now());
     for pool in pools {

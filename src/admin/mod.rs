@@ -6,24 +6,71 @@
 //! taken as written; double quotes may surround them.
 
 mod clients;
+pub mod operations;
 mod stats;
 
-use crate::app::{App, ShutdownMode};
+use crate::config::ConfigError;
 use crate::frontend::close_with_error;
+use crate::frontend::deps::{SessionDeps, ShutdownMode};
 use crate::frontend::registry::Registration;
 use crate::frontend::stream::ClientStream;
 use crate::hooks::builtin::{AuthMonitor, Table};
+use crate::hooks::lua::LoadError;
 use crate::protocol::error::{shown, sqlstate};
 use crate::protocol::messages::{self, read_message};
 use crate::protocol::tags::{frontend, status};
 use crate::protocol::PgError;
 use bytes::BytesMut;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use tokio::io::AsyncWriteExt;
 
 /// The console's database names are the configuration's (no `databases`
 /// key may take them).
 pub use crate::config::{is_admin_database, ADMIN_DATABASE};
+
+/// What the console asks of the running pooler as a whole, beyond the
+/// state sessions share: it owns the configuration file and the hook files.
+pub trait Pooler: Send + Sync {
+    /// RELOAD: the configuration file and the hook files, all or nothing
+    /// (logged either way).
+    fn reload(&self) -> Result<ReloadReport, ReloadError>;
+
+    /// MAINTENANCE ON role / MAINTENANCE OFF (`None`): whether it changed.
+    fn set_maintenance<'a>(
+        &'a self,
+        role: Option<&'a str>,
+    ) -> Pin<Box<dyn Future<Output = Result<bool, PgError>> + Send + 'a>>;
+}
+
+/// What a successful reload did.
+#[derive(Debug, Default)]
+pub struct ReloadReport {
+    /// Hook files loaded.
+    pub hook_files: usize,
+    /// Keys whose new value needs a restart; their old value stays.
+    pub restart_needed: Vec<&'static str>,
+}
+
+/// Why a reload was refused; the running configuration and hooks stay.
+#[derive(Debug)]
+pub enum ReloadError {
+    Config(ConfigError),
+    Hooks(Vec<LoadError>),
+}
+
+impl std::fmt::Display for ReloadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReloadError::Config(e) => write!(f, "{e}"),
+            ReloadError::Hooks(errors) => {
+                let list: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+                write!(f, "{}", list.join("\n"))
+            }
+        }
+    }
+}
 
 /// What a console user may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,7 +81,8 @@ pub enum Role {
 
 /// A logged-in console session (listed by SHOW CLIENTS like any client).
 pub struct Console {
-    app: Arc<App>,
+    deps: Arc<SessionDeps>,
+    pooler: Arc<dyn Pooler>,
     role: Role,
     registration: Registration,
 }
@@ -42,12 +90,13 @@ pub struct Console {
 impl Console {
     /// Checks the (already authenticated) user may use the console and sends the welcome.
     pub async fn login(
-        app: Arc<App>,
+        deps: Arc<SessionDeps>,
+        pooler: Arc<dyn Pooler>,
         stream: &mut ClientStream,
         registration: Registration,
     ) -> Result<Console, PgError> {
         let user = registration.handle.facts.user.as_str();
-        let config = app.config();
+        let config = deps.config();
         let admin = &config.admin;
         let role = if admin.users.iter().any(|u| u == user) {
             Role::Admin
@@ -80,7 +129,8 @@ impl Console {
             .await
             .map_err(|_| PgError::protocol("client went away"))?;
         Ok(Console {
-            app,
+            deps,
+            pooler,
             role,
             registration,
         })
@@ -100,7 +150,7 @@ impl Console {
                 "killed"
             }
         };
-        if self.app.config().log.disconnections {
+        if self.deps.config().log.disconnections {
             let facts = &handle.facts;
             let duration = handle.connect_time.elapsed().unwrap_or_default();
             tracing::info!(
@@ -114,7 +164,7 @@ impl Console {
     async fn answer(&self, stream: &mut ClientStream) {
         // Between commands the console ends with the other clients when
         // usher drains (SHUTDOWN, SIGINT), so it does not hold the exit up.
-        let mut drain = self.app.draining();
+        let mut drain = self.deps.draining();
         loop {
             let read = tokio::select! {
                 read = read_message(stream, 64 * 1024) => Some(read),
@@ -173,32 +223,32 @@ impl Console {
             Command::Empty => Ok(Reply::Empty),
             Command::Show(what) => self.show(&what),
             Command::EnableHooks => {
-                self.app.hooks.set_enabled(true);
+                self.deps.hooks.set_enabled(true);
                 Ok(Reply::Command("ENABLE HOOKS".into()))
             }
             Command::DisableHooks => {
-                self.app.hooks.set_enabled(false);
+                self.deps.hooks.set_enabled(false);
                 Ok(Reply::Command("DISABLE HOOKS".into()))
             }
             Command::Reload => self.reload(),
             Command::Pause(db) => {
-                self.app.pause(db.as_deref()).await?;
+                operations::pause(&self.deps, db.as_deref()).await?;
                 Ok(Reply::Command("PAUSE".into()))
             }
             Command::Resume(db) => {
-                self.app.resume(db.as_deref())?;
+                operations::resume(&self.deps, db.as_deref())?;
                 Ok(Reply::Command("RESUME".into()))
             }
             Command::Reconnect(db) => {
-                self.app.reconnect(db.as_deref())?;
+                operations::reconnect(&self.deps, db.as_deref())?;
                 Ok(Reply::Command("RECONNECT".into()))
             }
             Command::Kill(db) => {
-                self.app.kill(db.as_deref())?;
+                operations::kill(&self.deps, db.as_deref())?;
                 Ok(Reply::Command("KILL".into()))
             }
             Command::KillClient(id) => {
-                self.app.kill_client(id)?;
+                operations::kill_client(&self.deps, id)?;
                 Ok(Reply::Command("KILL_CLIENT".into()))
             }
             Command::ResetAuthMon(target) => {
@@ -220,16 +270,16 @@ impl Console {
                 Ok(Reply::Command("RESET".into()))
             }
             Command::MaintenanceOn(role) => {
-                self.app.set_maintenance(Some(&role)).await?;
+                self.pooler.set_maintenance(Some(&role)).await?;
                 Ok(Reply::Command("MAINTENANCE ON".into()))
             }
             Command::MaintenanceOff => {
-                self.app.set_maintenance(None).await?;
+                self.pooler.set_maintenance(None).await?;
                 Ok(Reply::Command("MAINTENANCE OFF".into()))
             }
             Command::Shutdown(mode) => {
                 tracing::warn!(?mode, "SHUTDOWN from the admin console");
-                self.app.shutdown_with(mode);
+                self.deps.shutdown_with(mode);
                 Ok(Reply::Command("SHUTDOWN".into()))
             }
         }
@@ -237,7 +287,7 @@ impl Console {
 
     /// RELOAD: the configuration file and the hook files, all or nothing.
     fn reload(&self) -> Result<Reply, PgError> {
-        match self.app.reload_and_log() {
+        match self.pooler.reload() {
             Ok(report) if report.restart_needed.is_empty() => Ok(Reply::Command("RELOAD".into())),
             Ok(report) => {
                 // Applied, but some changes wait for a restart: say which.
@@ -297,13 +347,13 @@ impl Console {
                 &["version"],
                 vec![vec![Some(format!("usher {}", env!("CARGO_PKG_VERSION")))]],
             )),
-            "POOLS" => Ok(stats::show_pools(&self.app)),
-            "CLIENTS" => Ok(clients::show_clients(&self.app)),
-            "SERVERS" => Ok(clients::show_servers(&self.app)),
+            "POOLS" => Ok(stats::show_pools(&self.deps)),
+            "CLIENTS" => Ok(clients::show_clients(&self.deps)),
+            "SERVERS" => Ok(clients::show_servers(&self.deps)),
             "STATE" => Ok(Reply::rows(
                 &["state"],
                 vec![vec![Some(
-                    if self.app.pools.is_paused_all() {
+                    if self.deps.pools.is_paused_all() {
                         "paused"
                     } else {
                         "active"
@@ -311,18 +361,18 @@ impl Console {
                     .to_string(),
                 )]],
             )),
-            "STATS" => Ok(stats::show_stats(&self.app)),
-            "STATS_TOTALS" => Ok(stats::show_totals(&self.app, false)),
-            "STATS_AVERAGES" => Ok(stats::show_totals(&self.app, true)),
-            "DATABASES" => Ok(stats::show_databases(&self.app)),
-            "USERS" => Ok(stats::show_users(&self.app)),
-            "LISTS" => Ok(stats::show_lists(&self.app)),
-            "CONFIG" => Ok(stats::show_config(&self.app)),
+            "STATS" => Ok(stats::show_stats(&self.deps)),
+            "STATS_TOTALS" => Ok(stats::show_totals(&self.deps, false)),
+            "STATS_AVERAGES" => Ok(stats::show_totals(&self.deps, true)),
+            "DATABASES" => Ok(stats::show_databases(&self.deps)),
+            "USERS" => Ok(stats::show_users(&self.deps)),
+            "LISTS" => Ok(stats::show_lists(&self.deps)),
+            "CONFIG" => Ok(stats::show_config(&self.deps)),
             "HOOKS" => Ok(self.show_hooks()),
             "AUTH_MON" => Ok(self.auth_monitor()?.show_roles().into()),
             "AUTH_MON_UNKNOWN" => Ok(self.auth_monitor()?.show_unknown().into()),
             "AUTH_MON_ADDRS" => Ok(self.auth_monitor()?.show_addresses().into()),
-            "BLOCKING" => Ok(self.app.builtins.blocking.show().into()),
+            "BLOCKING" => Ok(self.deps.builtins.blocking.show().into()),
             other => Err(PgError::error(
                 sqlstate::SYNTAX_ERROR,
                 format!("unknown SHOW item: {}", shown(other, 64)),
@@ -332,7 +382,7 @@ impl Console {
     }
 
     fn auth_monitor(&self) -> Result<&AuthMonitor, PgError> {
-        self.app.builtins.auth_monitor.as_deref().ok_or_else(|| {
+        self.deps.builtins.auth_monitor.as_deref().ok_or_else(|| {
             PgError::error(
                 sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE,
                 "auth monitoring is off",
@@ -342,9 +392,9 @@ impl Console {
     }
 
     fn show_hooks(&self) -> Reply {
-        let enabled = self.app.hooks.enabled();
+        let enabled = self.deps.hooks.enabled();
         let rows = self
-            .app
+            .deps
             .hooks
             .rows()
             .into_iter()

@@ -7,9 +7,9 @@
 //! separate from transaction time) are reported as 0.
 
 use super::Reply;
-use crate::app::App;
 use crate::config::settings::{Reload, SettingDefault, SETTINGS};
 use crate::config::Config;
+use crate::frontend::deps::SessionDeps;
 use crate::frontend::registry::ClientState;
 use crate::pool::Pool;
 use std::collections::{BTreeMap, HashMap};
@@ -28,14 +28,14 @@ struct Totals {
     wait_us: u64,
 }
 
-fn totals_by_database(app: &App) -> BTreeMap<String, Totals> {
-    let mut by_db: BTreeMap<String, Totals> = app
+fn totals_by_database(deps: &SessionDeps) -> BTreeMap<String, Totals> {
+    let mut by_db: BTreeMap<String, Totals> = deps
         .config()
         .databases
         .keys()
         .map(|d| (d.clone(), Totals::default()))
         .collect();
-    for p in app.pools.all() {
+    for p in deps.pools.all() {
         let t = by_db.entry(p.database.clone()).or_default();
         let s = &p.stats;
         t.assignments += s.checkouts.load(Relaxed);
@@ -54,8 +54,8 @@ fn n(v: impl ToString) -> Option<String> {
 }
 
 /// Per-second rate over usher's uptime.
-fn per_sec(v: u64, app: &App) -> u64 {
-    let secs = app.started.elapsed().as_secs().max(1);
+fn per_sec(v: u64, deps: &SessionDeps) -> u64 {
+    let secs = deps.started.elapsed().as_secs().max(1);
     v / secs
 }
 
@@ -64,7 +64,7 @@ fn avg(v: u64, count: u64) -> u64 {
     v.checked_div(count).unwrap_or(0)
 }
 
-pub(super) fn show_stats(app: &App) -> Reply {
+pub(super) fn show_stats(deps: &SessionDeps) -> Reply {
     let columns = [
         "database",
         "total_server_assignment_count",
@@ -90,7 +90,7 @@ pub(super) fn show_stats(app: &App) -> Reply {
         "avg_server_parse_count",
         "avg_bind_count",
     ];
-    let rows = totals_by_database(app)
+    let rows = totals_by_database(deps)
         .into_iter()
         .map(|(db, t)| {
             vec![
@@ -106,11 +106,11 @@ pub(super) fn show_stats(app: &App) -> Reply {
                 n(0),
                 n(0),
                 n(0),
-                n(per_sec(t.assignments, app)),
-                n(per_sec(t.xacts, app)),
-                n(per_sec(t.queries, app)),
-                n(per_sec(t.received, app)),
-                n(per_sec(t.sent, app)),
+                n(per_sec(t.assignments, deps)),
+                n(per_sec(t.xacts, deps)),
+                n(per_sec(t.queries, deps)),
+                n(per_sec(t.received, deps)),
+                n(per_sec(t.sent, deps)),
                 n(avg(t.xact_us, t.xacts)),
                 n(avg(t.xact_us, t.queries)),
                 n(avg(t.wait_us, t.assignments)),
@@ -125,7 +125,7 @@ pub(super) fn show_stats(app: &App) -> Reply {
 
 /// SHOW POOLS: one row per pool. `cl_active` counts logged-in clients not
 /// waiting (PgBouncer counts idle clients as active too).
-pub(super) fn show_pools(app: &App) -> Reply {
+pub(super) fn show_pools(deps: &SessionDeps) -> Reply {
     let columns = [
         "database",
         "user",
@@ -145,11 +145,11 @@ pub(super) fn show_pools(app: &App) -> Reply {
         "pool_mode",
         "load_balance_hosts",
     ];
-    let mut pools = app.pools.all();
+    let mut pools = deps.pools.all();
     pools.sort_by(|a, b| (&a.database, &a.user).cmp(&(&b.database, &b.user)));
     // Per pool: logged-in clients not waiting, and the longest current wait.
     let mut clients: HashMap<(String, String), (usize, u64)> = HashMap::new();
-    for c in app.clients.all() {
+    for c in deps.clients.all() {
         let key = (c.facts.database.clone(), c.facts.user.clone());
         let entry = clients.entry(key).or_default();
         if c.state() == ClientState::Waiting {
@@ -191,7 +191,7 @@ pub(super) fn show_pools(app: &App) -> Reply {
 }
 
 /// SHOW STATS_TOTALS, or (averages) STATS_AVERAGES: per second over uptime.
-pub(super) fn show_totals(app: &App, averages: bool) -> Reply {
+pub(super) fn show_totals(deps: &SessionDeps, averages: bool) -> Reply {
     let columns = [
         "database",
         "server_assignment_count",
@@ -206,8 +206,8 @@ pub(super) fn show_totals(app: &App, averages: bool) -> Reply {
         "server_parse_count",
         "bind_count",
     ];
-    let f = |v: u64| if averages { per_sec(v, app) } else { v };
-    let rows = totals_by_database(app)
+    let f = |v: u64| if averages { per_sec(v, deps) } else { v };
+    let rows = totals_by_database(deps)
         .into_iter()
         .map(|(db, t)| {
             let mut row = vec![Some(db)];
@@ -240,7 +240,7 @@ fn pools_of<'a>(
     pools.iter().filter(move |p| f(p))
 }
 
-pub(super) fn show_databases(app: &App) -> Reply {
+pub(super) fn show_databases(deps: &SessionDeps) -> Reply {
     let columns = [
         "name",
         "host",
@@ -260,13 +260,13 @@ pub(super) fn show_databases(app: &App) -> Reply {
         "paused",
         "disabled",
     ];
-    let pools = app.pools.all();
-    let rows = app
+    let pools = deps.pools.all();
+    let rows = deps
         .config()
         .databases
         .iter()
         .map(|(name, db)| {
-            let limits = app.config().limits_for(name, "");
+            let limits = deps.config().limits_for(name, "");
             let connections: usize = pools_of(&pools, |p| &p.database == name)
                 .map(|p| p.idle_count() + p.stats.active.load(Relaxed))
                 .sum();
@@ -284,9 +284,9 @@ pub(super) fn show_databases(app: &App) -> Reply {
                 None,
                 n(0),
                 n(connections),
-                n(app.config().max_client_conn),
-                n(app.clients.connected()),
-                n(u8::from(app.pools.is_paused(name))),
+                n(deps.config().max_client_conn),
+                n(deps.clients.connected()),
+                n(u8::from(deps.pools.is_paused(name))),
                 n(0),
             ]
         })
@@ -294,7 +294,7 @@ pub(super) fn show_databases(app: &App) -> Reply {
     Reply::rows(&columns, rows)
 }
 
-pub(super) fn show_users(app: &App) -> Reply {
+pub(super) fn show_users(deps: &SessionDeps) -> Reply {
     let columns = [
         "name",
         "pool_size",
@@ -305,8 +305,8 @@ pub(super) fn show_users(app: &App) -> Reply {
         "max_user_client_connections",
         "current_client_connections",
     ];
-    let pools = app.pools.all();
-    let rows = app
+    let pools = deps.pools.all();
+    let rows = deps
         .config()
         .users
         .iter()
@@ -329,15 +329,15 @@ pub(super) fn show_users(app: &App) -> Reply {
     Reply::rows(&columns, rows)
 }
 
-pub(super) fn show_lists(app: &App) -> Reply {
-    let pools = app.pools.all();
+pub(super) fn show_lists(deps: &SessionDeps) -> Reply {
+    let pools = deps.pools.all();
     let idle: usize = pools.iter().map(|p| p.idle_count()).sum();
     let used: usize = pools.iter().map(|p| p.stats.active.load(Relaxed)).sum();
     let rows = [
-        ("databases", app.config().databases.len()),
-        ("users", app.config().users.len()),
+        ("databases", deps.config().databases.len()),
+        ("users", deps.config().users.len()),
         ("pools", pools.len()),
-        ("used_clients", app.clients.connected()),
+        ("used_clients", deps.clients.connected()),
         ("free_servers", idle),
         ("used_servers", used),
     ]
@@ -347,8 +347,8 @@ pub(super) fn show_lists(app: &App) -> Reply {
     Reply::rows(&["list", "items"], rows)
 }
 
-pub(super) fn show_config(app: &App) -> Reply {
-    let rows = config_rows(&app.config(), app.hooks.enabled());
+pub(super) fn show_config(deps: &SessionDeps) -> Reply {
+    let rows = config_rows(&deps.config(), deps.hooks.enabled());
     Reply::rows(&["key", "value", "default", "changeable"], rows)
 }
 

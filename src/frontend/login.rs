@@ -9,17 +9,18 @@
 //! [`AuthAttempt`].
 
 use super::close_with_error;
+use super::deps::{ConfigSnapshot, SessionDeps};
 use super::params::SessionParams;
-use super::registry::ClientFacts;
+use super::registry::{ClientFacts, Connected, Registration};
 use super::session::Session;
 use super::slots::NoSlot;
 use super::stream::ClientStream;
-use crate::app::{App, Configured};
 use crate::auth::hba::{Connection, Decision};
 use crate::auth::{self, AuthAttempt, AuthOutcome, Authenticated, Challenge, Secret};
 use crate::backend::ServerCredential;
 use crate::config::{AuthMethod, TlsMode};
 use crate::hooks::{ClientInfo, ConnectionCtx, Event, Vars};
+use crate::metrics::ClientConnected;
 use crate::protocol::error::sqlstate;
 use crate::protocol::messages;
 use crate::protocol::scram_client::ScramKeys;
@@ -61,16 +62,16 @@ impl Progress {
     }
 
     /// Records the outcome of this login, once.
-    async fn record(&mut self, app: &App, outcome: AuthOutcome) {
+    async fn record(&mut self, deps: &SessionDeps, outcome: AuthOutcome) {
         if std::mem::replace(&mut self.recorded, true) {
             return;
         }
-        app.record(AuthAttempt {
+        deps.record(AuthAttempt {
             user: self.user.clone().unwrap_or_default(),
             user_exists: self.user_exists,
             database: self.database.clone().unwrap_or_default(),
             client_addr: self.addr,
-            method: self.method.unwrap_or(app.config().auth.method).to_string(),
+            method: self.method.unwrap_or(deps.config().auth.method).to_string(),
             outcome,
         })
         .await;
@@ -79,30 +80,43 @@ impl Progress {
 
 /// Records a refusal and returns its error.
 async fn refuse<T>(
-    app: &App,
+    deps: &SessionDeps,
     progress: &mut Progress,
     outcome: AuthOutcome,
     error: PgError,
 ) -> Result<T, PgError> {
-    progress.record(app, outcome).await;
+    progress.record(deps, outcome).await;
     Err(error)
 }
 
 /// What a successful login leads to.
-enum LoggedIn {
+pub enum LoggedIn {
+    /// A client of a database, to be served by its session.
     Session(Box<Session>),
-    Admin(crate::admin::Console),
+    /// A client of the admin console (the `usher`/`pgbouncer` database),
+    /// authenticated and registered; the console takes it from here.
+    Console(Registration),
 }
 
-/// Runs one client connection from accept to close.
-pub async fn handle_client(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
+/// A client that logged in: its connection, its place in the count of
+/// connected clients (held until it leaves), and what serves it.
+pub struct Admitted {
+    pub stream: ClientStream,
+    pub counted: (Connected, ClientConnected),
+    pub logged_in: LoggedIn,
+}
+
+/// Runs the startup phase of one client connection, from accept to
+/// ReadyForQuery (or to the console's welcome). `None`: the client was
+/// refused, timed out or left, and has been told why.
+pub async fn admit(deps: &Arc<SessionDeps>, tcp: TcpStream, addr: SocketAddr) -> Option<Admitted> {
     let _ = tcp.set_nodelay(true);
     let mut stream = ClientStream::Plain(tcp);
-    let (connected, count) = app.clients.connect();
-    let gauge = crate::metrics::ClientConnected::new();
+    let (connected, count) = deps.clients.connect();
+    let gauge = ClientConnected::new();
     // One snapshot of the configuration for the whole login.
-    let configured = app.configured();
-    if configured.config.log.connections {
+    let snapshot = deps.snapshot();
+    if snapshot.config.log.connections {
         tracing::info!(addr = %addr, "connection accepted");
     }
     let mut progress = Progress::new(addr);
@@ -110,14 +124,14 @@ pub async fn handle_client(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
     // task, buffers and maybe a TLS handshake, and silent ones hold theirs
     // until auth_timeout. One address gets a share, so that it cannot hold
     // every slot.
-    let config = &configured.config;
-    let slot = match app
+    let config = &snapshot.config;
+    let slot = match deps
         .login_slots
         .try_acquire(addr.ip(), config.max_auth_clients_per_address)
     {
         Ok(slot) => slot,
         Err(no) => {
-            progress.record(&app, AuthOutcome::Refused).await;
+            progress.record(deps, AuthOutcome::Refused).await;
             let message = match no {
                 NoSlot::All => format!(
                     "sorry, too many clients are logging in already (max_auth_clients is {})",
@@ -130,65 +144,55 @@ pub async fn handle_client(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
             };
             let e = PgError::fatal(sqlstate::TOO_MANY_CONNECTIONS, message);
             close_with_error(&mut stream, &e).await;
-            return;
+            return None;
         }
     };
-    let timeout = Duration::from_secs_f64(configured.config.auth_timeout);
+    let timeout = Duration::from_secs_f64(snapshot.config.auth_timeout);
     let result = tokio::time::timeout(
         timeout,
-        login(&app, &configured, &mut stream, count, &mut progress),
+        login(deps, &snapshot, &mut stream, count, &mut progress),
     )
     .await;
     drop(slot);
-    // A logged-in client is served by a task of its own, so the login's
-    // state (a large future: TLS, SCRAM, hooks) is freed and an idle client
-    // keeps only what serving it needs.
     let counted = (connected, gauge);
     match result {
-        Ok(Ok(Some(LoggedIn::Session(session)))) => {
-            tokio::spawn(async move {
-                let _counted = counted;
-                session.serve(stream).await
-            });
-        }
-        Ok(Ok(Some(LoggedIn::Admin(console)))) => {
-            tokio::spawn(async move {
-                let _counted = counted;
-                console.serve(stream).await
+        Ok(Ok(Some(logged_in))) => {
+            return Some(Admitted {
+                stream,
+                counted,
+                logged_in,
             });
         }
         Ok(Ok(None)) => {}
         Ok(Err(e)) => {
             // Refusals were recorded with their own outcome; what is left
             // is bad input (or a failure after a recorded success).
-            progress.record(&app, AuthOutcome::ProtocolError).await;
+            progress.record(deps, AuthOutcome::ProtocolError).await;
             close_with_error(&mut stream, &e).await
         }
         Err(_) => {
-            progress.record(&app, AuthOutcome::Timeout).await;
+            progress.record(deps, AuthOutcome::Timeout).await;
             let e = PgError::fatal(
                 sqlstate::PROTOCOL_VIOLATION,
                 "canceling authentication due to timeout",
             )
-            .with_detail(format!(
-                "auth_timeout is {}s",
-                configured.config.auth_timeout
-            ));
+            .with_detail(format!("auth_timeout is {}s", snapshot.config.auth_timeout));
             close_with_error(&mut stream, &e).await;
         }
     }
+    None
 }
 
 /// The startup phase. `Ok(None)`: nothing more to do (cancel request, or the
 /// client left); `Err`: send this error and close.
 async fn login(
-    app: &Arc<App>,
-    configured: &Configured,
+    deps: &Arc<SessionDeps>,
+    snapshot: &ConfigSnapshot,
     stream: &mut ClientStream,
     count: usize,
     progress: &mut Progress,
 ) -> Result<Option<LoggedIn>, PgError> {
-    let Some(params) = startup(configured, app, stream, progress.addr).await? else {
+    let Some(params) = startup(snapshot, deps, stream, progress.addr).await? else {
         return Ok(None);
     };
     let user = StartupPacket::param(&params, "user")
@@ -200,13 +204,13 @@ async fn login(
         .to_string();
     progress.user = Some(user.clone());
     progress.database = Some(database.clone());
-    progress.user_exists = configured.credentials.is_listed(&user);
+    progress.user_exists = snapshot.credentials.is_listed(&user);
 
-    let config = &configured.config;
+    let config = &snapshot.config;
     let addr = progress.addr;
     if count > config.max_client_conn {
         return refuse(
-            app,
+            deps,
             progress,
             AuthOutcome::Refused,
             PgError::fatal(
@@ -223,7 +227,7 @@ async fn login(
         .is_some_and(|r| r != "false" && r != "0" && r != "off")
     {
         return refuse(
-            app,
+            deps,
             progress,
             AuthOutcome::Refused,
             PgError::fatal(
@@ -235,16 +239,16 @@ async fn login(
     }
     // The lockout is decided before anything about the password: a locked
     // user's right password is refused too, and the lookup is not even run.
-    if let Some(e) = app.lockout_check(&user, addr.ip()) {
-        return refuse(app, progress, AuthOutcome::Locked, e).await;
+    if let Some(e) = deps.lockout_check(&user, addr.ip()) {
+        return refuse(deps, progress, AuthOutcome::Locked, e).await;
     }
-    let lookup = match configured.credentials.lookup(&database, &user).await {
+    let lookup = match snapshot.credentials.lookup(&database, &user).await {
         Ok(l) => l,
         Err(e) => {
             // The detail (which server, why) is for the operator, not the client.
             tracing::warn!(user = %user, database = %database, error = %e, detail = e.detail.as_deref().unwrap_or(""), "credential lookup failed");
             return refuse(
-                app,
+                deps,
                 progress,
                 AuthOutcome::Refused,
                 PgError::fatal(
@@ -257,9 +261,9 @@ async fn login(
     };
     progress.user_exists = lookup.exists;
 
-    let method = match choose_method(configured, stream.is_tls(), addr, &user, &database).await {
+    let method = match choose_method(snapshot, stream.is_tls(), addr, &user, &database).await {
         Ok(method) => method,
-        Err((outcome, error)) => return refuse(app, progress, outcome, error).await,
+        Err((outcome, error)) => return refuse(deps, progress, outcome, error).await,
     };
     progress.method = Some(method);
 
@@ -271,16 +275,16 @@ async fn login(
         known: lookup.exists,
         secret: lookup.secret.as_ref(),
         certificate: certificate.as_ref(),
-        mock_key: &app.mock_key,
+        mock_key: &deps.mock_key,
     };
     let authenticated = match auth::authenticate(stream, &challenge).await {
         Ok(a) => a,
         Err(failure) => {
-            progress.record(app, failure.outcome).await;
+            progress.record(deps, failure.outcome).await;
             return Err(failure.error);
         }
     };
-    progress.record(app, AuthOutcome::Success).await;
+    progress.record(deps, AuthOutcome::Success).await;
 
     let tls = stream.tls_info();
     let application_name = StartupPacket::param(&params, "application_name")
@@ -297,11 +301,8 @@ async fn login(
             .map(|t| format!("{}/{}", t.version, t.cipher))
             .unwrap_or_default(),
     };
-    if crate::admin::is_admin_database(&database) {
-        let registration = app.clients.register(facts);
-        return crate::admin::Console::login(app.clone(), stream, registration)
-            .await
-            .map(|c| Some(LoggedIn::Admin(c)));
+    if crate::config::is_admin_database(&database) {
+        return Ok(Some(LoggedIn::Console(deps.clients.register(facts))));
     }
     let unknown_database = || {
         PgError::fatal(
@@ -309,17 +310,17 @@ async fn login(
             format!("database \"{database}\" does not exist"),
         )
     };
-    let server_tls = configured
+    let server_tls = snapshot
         .server_tls
         .get(&database)
         .ok_or_else(unknown_database)?;
     let credential = server_credential(lookup.secret.as_ref(), &authenticated);
-    let pool = app
+    let pool = deps
         .pools
         .get_or_create(config, &database, &user, server_tls, credential)
         .ok_or_else(unknown_database)?;
     let mut session_params = SessionParams::from_startup(&params)?;
-    let registration = app.clients.register(facts);
+    let registration = deps.clients.register(facts);
     let client = ClientInfo {
         id: registration.handle.pid,
         application_name,
@@ -336,7 +337,7 @@ async fn login(
     // before any server connection is used for it.
     let mut vars = Vars::new();
     let mut notices = Vec::new();
-    if app.hooks.handles(Event::ClientConnection) {
+    if deps.hooks.handles(Event::ClientConnection) {
         let mut ctx = ConnectionCtx {
             client: &client,
             vars: &mut vars,
@@ -344,10 +345,10 @@ async fn login(
             params: Vec::new(),
             notices: Vec::new(),
         };
-        app.hooks.client_connection(&mut ctx).await;
+        deps.hooks.client_connection(&mut ctx).await;
         if let Some(r) = ctx.reject {
             tracing::info!(user = %client.user, database = %client.database, addr = %addr, hook = %r.hook, sqlstate = %r.sqlstate, "client rejected by hook");
-            app.client_rejected(&client.user, progress.user_exists, addr.ip());
+            deps.client_rejected(&client.user, progress.user_exists, addr.ip());
             let mut e = PgError::fatal(&r.sqlstate, r.message);
             e.detail = r.detail;
             e.hint = r.hint;
@@ -377,7 +378,7 @@ async fn login(
         .await
         .map_err(|_| PgError::protocol("client went away"))?;
     Ok(Some(LoggedIn::Session(Box::new(Session::new(
-        app.clone(),
+        deps.clone(),
         pool,
         session_params,
         server_params,
@@ -390,14 +391,14 @@ async fn login(
 /// Picks the method for this connection, or refuses it: TLS when
 /// `tls.mode` is require, then the HBA rules (or `auth.method` without them).
 async fn choose_method(
-    configured: &Configured,
+    snapshot: &ConfigSnapshot,
     tls: bool,
     addr: SocketAddr,
     user: &str,
     database: &str,
 ) -> Result<AuthMethod, (AuthOutcome, PgError)> {
     let host = addr.ip();
-    if !tls && configured.client_tls.as_ref().map(|t| t.mode) == Some(TlsMode::Require) {
+    if !tls && snapshot.client_tls.as_ref().map(|t| t.mode) == Some(TlsMode::Require) {
         let e = PgError::fatal(
             sqlstate::INVALID_AUTHORIZATION,
             format!(
@@ -407,8 +408,8 @@ async fn choose_method(
         .with_hint("connect with sslmode=require (or verify-full)");
         return Err((AuthOutcome::TlsRequired, e));
     }
-    let Some(hba) = &configured.hba else {
-        return Ok(configured.config.auth.method);
+    let Some(hba) = &snapshot.hba else {
+        return Ok(snapshot.config.auth.method);
     };
     let conn = Connection {
         addr: host,
@@ -416,7 +417,7 @@ async fn choose_method(
         database,
         user,
     };
-    let credentials = &configured.credentials;
+    let credentials = &snapshot.credentials;
     let decision = hba
         .decide(&conn, |role| async move {
             credentials.is_member(database, user, &role).await
@@ -459,8 +460,8 @@ async fn choose_method(
 /// `None`: nothing more to do. Bytes that are not a startup packet are a
 /// server-only error: logged, and the connection closed without a word.
 async fn startup(
-    configured: &Configured,
-    app: &App,
+    snapshot: &ConfigSnapshot,
+    deps: &SessionDeps,
     stream: &mut ClientStream,
     addr: SocketAddr,
 ) -> Result<Option<Vec<(String, String)>>, PgError> {
@@ -476,7 +477,7 @@ async fn startup(
             None => return Ok(None),
             Some(StartupPacket::SslRequest) if !ssl_done => {
                 ssl_done = true;
-                match &configured.client_tls {
+                match &snapshot.client_tls {
                     Some(tls) => {
                         stream.write_all(b"S").await.map_err(gone)?;
                         // read_startup reads exactly one packet, so nothing the
@@ -504,7 +505,7 @@ async fn startup(
             Some(StartupPacket::Cancel { pid, secret }) => {
                 // Allowed in plaintext even when TLS is required: libpq
                 // before PostgreSQL 17 always sends cancels unencrypted.
-                if let Some(target) = app.clients.cancel_target(pid, secret) {
+                if let Some(target) = deps.clients.cancel_target(pid, secret) {
                     if let Err(e) = target.cancel.send().await {
                         tracing::warn!(error = %e, "could not forward cancel request");
                     }

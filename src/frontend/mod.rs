@@ -14,6 +14,7 @@
 
 mod abandon;
 pub mod budget;
+pub mod deps;
 pub mod flow;
 pub mod login;
 pub mod params;

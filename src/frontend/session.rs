@@ -15,12 +15,12 @@
 use super::abandon::{self, Abandoned};
 use super::budget;
 use super::close_with_error;
+use super::deps::SessionDeps;
 use super::flow::{ClientStep, Flow, Note, ServerStep};
 use super::params::SessionParams;
 use super::prepared::{self, ClientStatements, Rewriter};
 use super::registry::{ClientHandle, Registration};
 use super::stream::ClientStream;
-use crate::app::App;
 use crate::config::PoolMode;
 use crate::hooks::{ClientInfo, Event, ServerInfo, SessionCtx, SessionEndCtx, SessionReason, Vars};
 use crate::metrics::{self, ErrorSource};
@@ -43,7 +43,7 @@ const BUFFER_SIZE: usize = 16 * 1024;
 
 /// A logged-in client and what its session wants.
 pub struct Session {
-    app: Arc<App>,
+    deps: Arc<SessionDeps>,
     /// Who the client is (what hooks see).
     client: ClientInfo,
     /// Values hooks keep for this client between events.
@@ -65,7 +65,7 @@ pub struct Session {
     /// Transaction mode with protocol-level prepared statements on.
     rewriting: bool,
     statements: ClientStatements,
-    /// Bytes of this client's read buffer charged to `App::buffers`.
+    /// Bytes of this client's read buffer charged to `SessionDeps::buffers`.
     charged: usize,
 }
 
@@ -109,7 +109,7 @@ struct Link {
 
 impl Session {
     pub(crate) fn new(
-        app: Arc<App>,
+        deps: Arc<SessionDeps>,
         pool: Arc<Pool>,
         params: SessionParams,
         defaults: Arc<HashMap<String, String>>,
@@ -124,7 +124,7 @@ impl Session {
         let rewriting = mode == PoolMode::Transaction && settings.prepared_statements > 0;
         drop(settings);
         Session {
-            app,
+            deps,
             client,
             vars,
             session_started: false,
@@ -145,7 +145,7 @@ impl Session {
 
     /// Serves the client until it leaves, an error ends it, or shutdown.
     pub async fn serve(mut self, mut client: ClientStream) {
-        let config = self.app.config();
+        let config = self.deps.config();
         let (max_message, max_buffered) = (config.max_message_size, config.max_buffered_message);
         drop(config);
         let mut link = Link {
@@ -181,7 +181,7 @@ impl Session {
             },
         };
         self.handle.set_server(None);
-        self.app.buffers.recharge(&mut self.charged, 0, 0);
+        self.deps.buffers.recharge(&mut self.charged, 0, 0);
         if let Some(checkout) = link.held.take() {
             self.pool.stats.client_active(-1);
             let clean = !interrupted
@@ -220,15 +220,15 @@ impl Session {
                 Box::pin(close_with_error(&mut client, &e)).await;
             }
         }
-        if self.app.hooks.handles(Event::SessionEnd) {
+        if self.deps.hooks.handles(Event::SessionEnd) {
             let ctx = SessionEndCtx {
                 client: &self.client,
                 vars: &self.vars,
                 duration: self.started.elapsed(),
             };
-            Box::pin(self.app.hooks.session_end(&ctx)).await;
+            Box::pin(self.deps.hooks.session_end(&ctx)).await;
         }
-        if self.app.config().log.disconnections {
+        if self.deps.config().log.disconnections {
             let (reason, error) = match &end {
                 End::ClientLeft => ("client", None),
                 End::Error(e) => ("error", Some(e)),
@@ -246,7 +246,7 @@ impl Session {
     }
 
     async fn serve_loop(&mut self, client: &mut ClientStream, link: &mut Link) -> End {
-        let mut shutdown = self.app.draining();
+        let mut shutdown = self.deps.draining();
         let pool = self.pool.clone();
         loop {
             let between_messages =
@@ -263,7 +263,7 @@ impl Session {
                 // An idle client keeps no buffer, and nobody keeps a large
                 // one once the message that needed it is gone.
                 link.in_buf = BytesMut::new();
-                self.app.buffers.recharge(&mut self.charged, 0, 0);
+                self.deps.buffers.recharge(&mut self.charged, 0, 0);
             }
             // The client's turn to speak: its idle timeouts run (each loop
             // turn is activity, so they restart; they are read each turn,
@@ -313,8 +313,8 @@ impl Session {
                 }, if read_client => match read {
                     Ok(0) | Err(_) => return End::ClientLeft,
                     Ok(_) if link.in_buf.capacity() > budget::FREE_BYTES => {
-                        let limit = self.app.config().max_buffered_total;
-                        if !self.app.buffers.recharge(&mut self.charged, link.in_buf.capacity(), limit) {
+                        let limit = self.deps.config().max_buffered_total;
+                        if !self.deps.buffers.recharge(&mut self.charged, link.in_buf.capacity(), limit) {
                             return End::Error(out_of_buffers(limit));
                         }
                         Wake::ClientData
@@ -375,7 +375,7 @@ impl Session {
         reason: SessionReason,
         server: Option<ServerInfo>,
     ) -> Result<Vec<String>, PgError> {
-        if !self.app.hooks.handles(Event::SessionStart) {
+        if !self.deps.hooks.handles(Event::SessionStart) {
             return Ok(Vec::new());
         }
         let mut ctx = SessionCtx {
@@ -388,7 +388,7 @@ impl Session {
             notices: Vec::new(),
             warnings: Vec::new(),
         };
-        self.app.hooks.session_start(&mut ctx).await;
+        self.deps.hooks.session_start(&mut ctx).await;
         let SessionCtx {
             params,
             exec,
@@ -526,7 +526,7 @@ impl Session {
                     let len = u32::from_be_bytes(link.in_buf[1..5].try_into().unwrap()) as usize;
                     let checkout = link.held.as_mut().expect("a server connection is held");
                     let mut rewriter = Rewriter {
-                        registry: &self.app.statements,
+                        registry: &self.deps.statements,
                         statements: &mut self.statements,
                         prepared: checkout.conn.prepared_mut(),
                         plan: link.flow.plan_mut(),

@@ -3,7 +3,7 @@
 //! See ARCHITECTURE.md for the map of the modules and how a connection
 //! flows through them.
 
-pub mod accept;
+pub(crate) mod accept;
 pub mod admin;
 pub mod app;
 pub mod auth;
@@ -13,7 +13,7 @@ pub mod frontend;
 pub mod hooks;
 pub mod logging;
 pub mod metrics;
-pub mod pool;
+pub(crate) mod pool;
 pub mod protocol;
 pub mod signals;
 pub mod tls;

@@ -6,7 +6,7 @@
 //! taken as written; double quotes may surround them.
 
 mod clients;
-pub mod operations;
+pub(crate) mod operations;
 mod stats;
 
 use crate::config::ConfigError;

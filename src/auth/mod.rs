@@ -10,11 +10,11 @@
 //! - [`cert`]: the user name in a client certificate.
 //! - [`secret`], [`attempt`]: stored secrets; the record of an outcome.
 
-pub mod attempt;
-pub mod cert;
-pub mod credentials;
+pub(crate) mod attempt;
+pub(crate) mod cert;
+pub(crate) mod credentials;
 pub mod hba;
-pub mod query;
+pub(crate) mod query;
 pub mod secret;
 pub mod userlist;
 

@@ -8,8 +8,8 @@
 //! - [`credential`]: what usher logs in with (password, md5, SCRAM keys).
 
 mod connect;
-pub mod credential;
-pub mod stream;
+pub(crate) mod credential;
+pub(crate) mod stream;
 
 pub use connect::{connect, ServerTarget};
 pub use credential::{ServerCredential, SharedCredential};

@@ -267,6 +267,7 @@ impl Flow {
     }
 
     /// The last ReadyForQuery's transaction status.
+    #[cfg(test)]
     pub fn status(&self) -> u8 {
         self.status
     }
@@ -306,12 +307,6 @@ impl Flow {
     /// The server connection went back: what is owed for it is forgotten.
     pub fn released(&mut self) {
         self.plan = ResponsePlan::default();
-    }
-
-    /// The answers still owed for rewritten messages, for a connection its
-    /// client left (see `abandon`).
-    pub fn take_plan(&mut self) -> Option<ResponsePlan> {
-        self.rewriting.then(|| std::mem::take(&mut self.plan))
     }
 }
 

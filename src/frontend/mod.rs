@@ -13,16 +13,16 @@
 //!   drained and reused, or closed once its backend is gone.
 
 mod abandon;
-pub mod budget;
+pub(crate) mod budget;
 pub mod deps;
-pub mod flow;
-pub mod login;
-pub mod params;
+pub(crate) mod flow;
+pub(crate) mod login;
+pub(crate) mod params;
 pub mod prepared;
-pub mod registry;
-pub mod session;
-pub mod slots;
-pub mod stream;
+pub(crate) mod registry;
+pub(crate) mod session;
+pub(crate) mod slots;
+pub(crate) mod stream;
 
 use crate::metrics::ErrorSource;
 use crate::protocol::{PgError, Severity};

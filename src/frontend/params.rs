@@ -90,6 +90,7 @@ impl SessionParams {
         self.rebuild();
     }
 
+    #[cfg(test)]
     pub fn get(&self, name: &str) -> Option<&str> {
         self.wanted.get(name).map(String::as_str)
     }

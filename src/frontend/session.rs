@@ -70,7 +70,7 @@ pub struct Session {
 }
 
 /// Why the serve loop ended.
-enum End {
+enum LoopEnd {
     /// The client sent Terminate or closed its socket.
     ClientLeft,
     /// Tell the client this and close.
@@ -82,10 +82,10 @@ enum End {
     ServerFatal,
 }
 
-/// The forwarding state of one client (its "link" to a server): the server
+/// The forwarding state of one client (`fwd` in the serve loop): the server
 /// connection it holds, the buffers and walkers of both directions, and
 /// the [`Flow`] that decides what happens to each message.
-struct Link {
+struct Forwarding {
     held: Option<Checkout>,
     /// When the held server connection was checked out.
     lent_at: Instant,
@@ -148,7 +148,7 @@ impl Session {
         let config = self.deps.config();
         let (max_message, max_buffered) = (config.max_message_size, config.max_buffered_message);
         drop(config);
-        let mut link = Link {
+        let mut fwd = Forwarding {
             held: None,
             lent_at: Instant::now(),
             server_gone: false,
@@ -174,23 +174,23 @@ impl Session {
         // for a server connection; what it held is then in an unknown state.
         let handle = self.handle.clone();
         let (end, interrupted) = match started {
-            Err(e) => (End::Error(e), false),
+            Err(e) => (LoopEnd::Error(e), false),
             Ok(_) => tokio::select! {
-                end = self.serve_loop(&mut client, &mut link) => (end, false),
-                _ = handle.killed() => (End::Error(killed()), true),
+                end = self.serve_loop(&mut client, &mut fwd) => (end, false),
+                _ = handle.killed() => (LoopEnd::Error(killed()), true),
             },
         };
         self.handle.set_server(None);
         self.deps.buffers.recharge(&mut self.charged, 0, 0);
-        if let Some(checkout) = link.held.take() {
+        if let Some(checkout) = fwd.held.take() {
             self.pool.stats.client_active(-1);
             let clean = !interrupted
-                && link.flow.quiet()
-                && link.flow.idle()
-                && link.out_buf.is_empty()
-                && link.to_server.is_empty();
+                && fwd.flow.quiet()
+                && fwd.flow.idle()
+                && fwd.out_buf.is_empty()
+                && fwd.to_server.is_empty();
             match (clean, self.mode) {
-                _ if link.server_gone => self.pool.discard(checkout),
+                _ if fwd.server_gone => self.pool.discard(checkout),
                 (true, PoolMode::Session) => Box::pin(self.pool.reset_and_checkin(checkout)).await,
                 (true, PoolMode::Transaction) => self.pool.checkin(checkout),
                 (false, mode) => {
@@ -199,10 +199,10 @@ impl Session {
                     // again or its backend is gone.
                     let left = Abandoned {
                         checkout,
-                        out_buf: std::mem::take(&mut link.out_buf),
-                        out_walker: std::mem::replace(&mut link.out_walker, FrameWalker::new(0)),
-                        flow: std::mem::replace(&mut link.flow, Flow::new(mode, false)),
-                        whole_messages: link.in_walker.at_boundary() && link.to_server.is_empty(),
+                        out_buf: std::mem::take(&mut fwd.out_buf),
+                        out_walker: std::mem::replace(&mut fwd.out_walker, FrameWalker::new(0)),
+                        flow: std::mem::replace(&mut fwd.flow, Flow::new(mode, false)),
+                        whole_messages: fwd.in_walker.at_boundary() && fwd.to_server.is_empty(),
                         interrupted,
                     };
                     tokio::spawn(abandon::recover(self.pool.clone(), mode, left));
@@ -210,9 +210,9 @@ impl Session {
             }
         }
         match &end {
-            End::ClientLeft | End::ServerFatal => {}
-            End::Error(e) => Box::pin(close_with_error(&mut client, e)).await,
-            End::Shutdown => {
+            LoopEnd::ClientLeft | LoopEnd::ServerFatal => {}
+            LoopEnd::Error(e) => Box::pin(close_with_error(&mut client, e)).await,
+            LoopEnd::Shutdown => {
                 let e = PgError::fatal(
                     sqlstate::ADMIN_SHUTDOWN,
                     "terminating connection because usher is shutting down",
@@ -230,10 +230,10 @@ impl Session {
         }
         if self.deps.config().log.disconnections {
             let (reason, error) = match &end {
-                End::ClientLeft => ("client", None),
-                End::Error(e) => ("error", Some(e)),
-                End::Shutdown => ("shutdown", None),
-                End::ServerFatal => ("server", None),
+                LoopEnd::ClientLeft => ("client", None),
+                LoopEnd::Error(e) => ("error", Some(e)),
+                LoopEnd::Shutdown => ("shutdown", None),
+                LoopEnd::ServerFatal => ("server", None),
             };
             tracing::info!(
                 user = %self.client.user, database = %self.client.database, addr = %self.client.addr,
@@ -245,24 +245,24 @@ impl Session {
         }
     }
 
-    async fn serve_loop(&mut self, client: &mut ClientStream, link: &mut Link) -> End {
+    async fn serve_loop(&mut self, client: &mut ClientStream, fwd: &mut Forwarding) -> LoopEnd {
         let mut shutdown = self.deps.draining();
         let pool = self.pool.clone();
         loop {
             let between_messages =
-                link.flow.quiet() && link.in_walker.at_boundary() && link.to_server.is_empty();
+                fwd.flow.quiet() && fwd.in_walker.at_boundary() && fwd.to_server.is_empty();
             // A client may be ended by shutdown only between transactions.
-            let idle = link.held.is_none() || (between_messages && link.flow.idle());
+            let idle = fwd.held.is_none() || (between_messages && fwd.flow.idle());
             if idle && *shutdown.borrow() {
-                return End::Shutdown;
+                return LoopEnd::Shutdown;
             }
-            if link.in_buf.is_empty()
-                && (link.held.is_none() && link.in_buf.capacity() > 0
-                    || link.in_buf.capacity() > budget::FREE_BYTES)
+            if fwd.in_buf.is_empty()
+                && (fwd.held.is_none() && fwd.in_buf.capacity() > 0
+                    || fwd.in_buf.capacity() > budget::FREE_BYTES)
             {
                 // An idle client keeps no buffer, and nobody keeps a large
                 // one once the message that needed it is gone.
-                link.in_buf = BytesMut::new();
+                fwd.in_buf = BytesMut::new();
                 self.deps.buffers.recharge(&mut self.charged, 0, 0);
             }
             // The client's turn to speak: its idle timeouts run (each loop
@@ -274,23 +274,23 @@ impl Session {
             // transaction, after a lone Flush, in the middle of a message,
             // with an unsynced pipeline, in COPY IN) gets
             // idle_transaction_timeout, so it cannot keep a server forever.
-            let idle_limit = if link.held.is_none()
-                || (between_messages && link.flow.idle() && self.mode == PoolMode::Session)
+            let idle_limit = if fwd.held.is_none()
+                || (between_messages && fwd.flow.idle() && self.mode == PoolMode::Session)
             {
                 pool.settings()
                     .client_idle_timeout
                     .map(|t| (t, idle_session_timeout as fn() -> PgError))
-            } else if link.flow.waiting_for_client() || !link.in_walker.at_boundary() {
+            } else if fwd.flow.waiting_for_client() || !fwd.in_walker.at_boundary() {
                 pool.settings()
                     .idle_transaction_timeout
                     .map(|t| (t, idle_in_transaction_timeout as fn() -> PgError))
             } else {
                 None
             };
-            let in_buf = &mut link.in_buf;
-            let out_buf = &mut link.out_buf;
-            let held = &mut link.held;
-            let to_server = &mut link.to_server;
+            let in_buf = &mut fwd.in_buf;
+            let out_buf = &mut fwd.out_buf;
+            let held = &mut fwd.held;
+            let to_server = &mut fwd.to_server;
             // Backpressure: nothing more from the client until what it sent
             // is on its way to the server.
             let read_client = to_server.is_empty();
@@ -299,7 +299,7 @@ impl Session {
                     match idle_limit {
                         Some((t, error)) => {
                             tokio::time::sleep(t).await;
-                            End::Error(error())
+                            LoopEnd::Error(error())
                         }
                         None => std::future::pending().await,
                     }
@@ -311,15 +311,15 @@ impl Session {
                     }
                     client.read_buf(in_buf).await
                 }, if read_client => match read {
-                    Ok(0) | Err(_) => return End::ClientLeft,
-                    Ok(_) if link.in_buf.capacity() > budget::FREE_BYTES => {
+                    Ok(0) | Err(_) => return LoopEnd::ClientLeft,
+                    Ok(_) if fwd.in_buf.capacity() > budget::FREE_BYTES => {
                         let limit = self.deps.config().max_buffered_total;
-                        if !self.deps.buffers.recharge(&mut self.charged, link.in_buf.capacity(), limit) {
-                            return End::Error(out_of_buffers(limit));
+                        if !self.deps.buffers.recharge(&mut self.charged, fwd.in_buf.capacity(), limit) {
+                            return LoopEnd::Error(out_of_buffers(limit));
                         }
-                        Wake::ClientData
+                        LoopEvent::ClientData
                     }
-                    Ok(_) => Wake::ClientData,
+                    Ok(_) => LoopEvent::ClientData,
                 },
                 io = async {
                     match held.as_mut() {
@@ -327,40 +327,40 @@ impl Session {
                         None => std::future::pending().await,
                     }
                 } => match io {
-                                    Ok(ServerIo::Read(n)) if n > 0 => Wake::ServerData,
-                    Ok(ServerIo::Wrote) => Wake::ServerWritten,
+                                    Ok(ServerIo::Read(n)) if n > 0 => LoopEvent::ServerData,
+                    Ok(ServerIo::Wrote) => LoopEvent::ServerWritten,
                     gone => {
                         // Nothing is left to cancel or recover on it.
-                        link.server_gone = true;
+                        fwd.server_gone = true;
                         return match gone {
-                            _ if link.flow.server_fatal() => End::ServerFatal,
-                            Err(e) => End::Error(server_lost(&e.to_string())),
-                            _ => End::Error(server_lost("server closed the connection unexpectedly")),
+                            _ if fwd.flow.server_fatal() => LoopEnd::ServerFatal,
+                            Err(e) => LoopEnd::Error(server_lost(&e.to_string())),
+                            _ => LoopEnd::Error(server_lost("server closed the connection unexpectedly")),
                         };
                     }
                 },
-                _ = shutdown.changed(), if idle => Wake::Shutdown,
+                _ = shutdown.changed(), if idle => LoopEvent::Shutdown,
             };
             let result = match event {
-                Wake::ClientData => self.forward_client_data(client, link).await,
-                Wake::ServerData => self.forward_server_data(client, link).await,
-                Wake::ServerWritten | Wake::Shutdown => Ok(()),
+                LoopEvent::ClientData => self.forward_client_data(client, fwd).await,
+                LoopEvent::ServerData => self.forward_server_data(client, fwd).await,
+                LoopEvent::ServerWritten | LoopEvent::Shutdown => Ok(()),
             };
             if let Err(end) = result {
                 return end;
             }
-            if link.flow.discarded()
-                && link.flow.quiet()
-                && link.in_walker.at_boundary()
-                && link.to_server.is_empty()
+            if fwd.flow.discarded()
+                && fwd.flow.quiet()
+                && fwd.in_walker.at_boundary()
+                && fwd.to_server.is_empty()
             {
                 // The client's DISCARD ALL completed: its session begins anew.
-                link.flow.take_discarded();
+                fwd.flow.take_discarded();
                 // Boxed, like every rare step here: the serve future is
                 // what an idle client costs, and it is as large as its
                 // largest step.
-                if let Err(e) = Box::pin(self.restart_session(client, link)).await {
-                    return End::Error(e);
+                if let Err(e) = Box::pin(self.restart_session(client, fwd)).await {
+                    return LoopEnd::Error(e);
                 }
             }
         }
@@ -419,14 +419,14 @@ impl Session {
     async fn restart_session(
         &mut self,
         client: &mut ClientStream,
-        link: &mut Link,
+        fwd: &mut Forwarding,
     ) -> Result<(), PgError> {
         self.params.reset();
-        let server = link.held.as_ref().map(server_info);
+        let server = fwd.held.as_ref().map(server_info);
         let exec = self
             .start_session(client, SessionReason::DiscardAll, server)
             .await?;
-        if let Some(checkout) = link.held.as_mut() {
+        if let Some(checkout) = fwd.held.as_mut() {
             self.apply_session(client, checkout, exec).await?;
         }
         Ok(())
@@ -477,18 +477,18 @@ impl Session {
     async fn forward_client_data(
         &mut self,
         client: &mut ClientStream,
-        link: &mut Link,
-    ) -> Result<(), End> {
+        fwd: &mut Forwarding,
+    ) -> Result<(), LoopEnd> {
         let rewriting = self.rewriting;
         let pool = self.pool.clone();
         let stats = &pool.stats;
         loop {
             let mut stopped_at = None;
-            let flow = &mut link.flow;
-            let walked = link
+            let flow = &mut fwd.flow;
+            let walked = fwd
                 .in_walker
                 .walk_peeking(
-                    &link.in_buf,
+                    &fwd.in_buf,
                     |tag, _, head| Flow::client_wants_body(rewriting, tag, head),
                     |tag, body| match flow.client_message(tag, body) {
                         ClientStep::Forward => Visit::Forward,
@@ -498,62 +498,62 @@ impl Session {
                         }
                     },
                 )
-                .map_err(End::Error)?;
-            stats.queries(link.flow.take_queries());
+                .map_err(LoopEnd::Error)?;
+            stats.queries(fwd.flow.take_queries());
             stats.received(walked.forward as u64);
             self.received += walked.forward as u64;
             let rewrite = stopped_at.filter(|(_, step)| *step == ClientStep::Rewrite);
-            if (walked.forward > 0 || rewrite.is_some()) && link.held.is_none() {
+            if (walked.forward > 0 || rewrite.is_some()) && fwd.held.is_none() {
                 // Boxed (one allocation per transaction): checkout, the
                 // parameter sync and session mode's hooks make a future of
                 // a few KB that would otherwise sit in every idle client.
                 let checkout = Box::pin(self.begin_transaction(client))
                     .await
-                    .map_err(End::Error)?;
-                link.held = Some(checkout);
+                    .map_err(LoopEnd::Error)?;
+                fwd.held = Some(checkout);
                 stats.client_active(1);
-                link.lent_at = Instant::now();
-                link.out_buf.reserve(BUFFER_SIZE);
+                fwd.lent_at = Instant::now();
+                fwd.out_buf.reserve(BUFFER_SIZE);
             }
             if walked.forward > 0 {
-                let chunk = link.in_buf.split_to(walked.forward);
-                queue_for_server(&mut link.to_server, chunk);
+                let chunk = fwd.in_buf.split_to(walked.forward);
+                queue_for_server(&mut fwd.to_server, chunk);
             }
             match stopped_at {
                 None => return Ok(()),
-                Some((_, ClientStep::Terminate)) => return Err(End::ClientLeft),
+                Some((_, ClientStep::Terminate)) => return Err(LoopEnd::ClientLeft),
                 Some((tag, _)) => {
-                    let len = u32::from_be_bytes(link.in_buf[1..5].try_into().unwrap()) as usize;
-                    let checkout = link.held.as_mut().expect("a server connection is held");
+                    let len = u32::from_be_bytes(fwd.in_buf[1..5].try_into().unwrap()) as usize;
+                    let checkout = fwd.held.as_mut().expect("a server connection is held");
                     let mut rewriter = Rewriter {
                         registry: &self.deps.statements,
                         statements: &mut self.statements,
                         prepared: checkout.conn.prepared_mut(),
-                        plan: link.flow.plan_mut(),
+                        plan: fwd.flow.plan_mut(),
                     };
                     let taken = if tag == frontend::BIND {
                         // Only the Bind's head is in: rewrite it, and let
                         // the parameters stream after it.
-                        let (portal, name, head) = prepared::bind_names(&link.in_buf[5..])
+                        let (portal, name, head) = prepared::bind_names(&fwd.in_buf[5..])
                             .map(|(p, n, h)| (p.to_string(), n.to_string(), h))
                             .expect("the flow saw the Bind's names");
                         let mut out = BytesMut::with_capacity(64);
                         rewriter.rewrite_bind_head(&portal, &name, len - 4 - head, &mut out);
-                        let _ = link.in_buf.split_to(5 + head);
-                        link.in_walker.stream_rest_of_body(len - 4 - head);
-                        queue_for_server(&mut link.to_server, out);
+                        let _ = fwd.in_buf.split_to(5 + head);
+                        fwd.in_walker.stream_rest_of_body(len - 4 - head);
+                        queue_for_server(&mut fwd.to_server, out);
                         5 + head
                     } else {
                         // The message is whole at the front of the buffer.
-                        let message = link.in_buf.split_to(1 + len);
+                        let message = fwd.in_buf.split_to(1 + len);
                         let mut out = BytesMut::with_capacity(message.len() + 64);
                         rewriter
                             .rewrite(tag, &message[5..], &mut out)
-                            .map_err(End::Error)?;
-                        queue_for_server(&mut link.to_server, out);
+                            .map_err(LoopEnd::Error)?;
+                        queue_for_server(&mut fwd.to_server, out);
                         message.len()
                     };
-                    link.flow.rewritten();
+                    fwd.flow.rewritten();
                     self.handle.set_prepared(self.statements.len());
                     stats.received(taken as u64);
                     self.received += taken as u64;
@@ -569,24 +569,20 @@ impl Session {
     async fn forward_server_data(
         &mut self,
         client: &mut ClientStream,
-        link: &mut Link,
-    ) -> Result<(), End> {
+        fwd: &mut Forwarding,
+    ) -> Result<(), LoopEnd> {
         // Released only with nothing of the client's half-read or queued.
-        let at_boundary = link.in_walker.at_boundary() && link.to_server.is_empty();
+        let at_boundary = fwd.in_walker.at_boundary() && fwd.to_server.is_empty();
         loop {
             let mut answer = None;
             let mut release = false;
-            let notes = &mut link.notes;
-            let flow = &mut link.flow;
-            let server = &mut link
-                .held
-                .as_mut()
-                .expect("a server connection is held")
-                .conn;
+            let notes = &mut fwd.notes;
+            let flow = &mut fwd.flow;
+            let server = &mut fwd.held.as_mut().expect("a server connection is held").conn;
             let prepared = server.prepared_mut();
-            let walked = link
+            let walked = fwd
                 .out_walker
-                .walk(&link.out_buf, Flow::server_wants_body, |tag, body| {
+                .walk(&fwd.out_buf, Flow::server_wants_body, |tag, body| {
                     let (step, note) = flow.server_message(tag, body, prepared, at_boundary);
                     notes.extend(note);
                     match step {
@@ -601,32 +597,32 @@ impl Session {
                         }
                     }
                 })
-                .map_err(|e| End::Error(server_lost(&e.message)))?;
-            for note in link.notes.drain(..) {
+                .map_err(|e| LoopEnd::Error(server_lost(&e.message)))?;
+            for note in fwd.notes.drain(..) {
                 self.record(note, server);
             }
             if walked.forward > 0 {
-                let chunk = link.out_buf.split_to(walked.forward);
+                let chunk = fwd.out_buf.split_to(walked.forward);
                 self.pool.stats.sent(chunk.len() as u64);
                 self.sent += chunk.len() as u64;
                 client
                     .write_all(&chunk)
                     .await
-                    .map_err(|_| End::ClientLeft)?;
+                    .map_err(|_| LoopEnd::ClientLeft)?;
             }
             match answer {
                 Some(step) => {
                     // ParseComplete/CloseComplete: no body.
-                    link.out_buf.advance(5);
+                    fwd.out_buf.advance(5);
                     if step == ServerStep::SendParseComplete {
                         client
                             .write_all(&[backend::PARSE_COMPLETE, 0, 0, 0, 4])
                             .await
-                            .map_err(|_| End::ClientLeft)?;
+                            .map_err(|_| LoopEnd::ClientLeft)?;
                     }
                 }
                 None if release => {
-                    self.end_transaction(client, link).await;
+                    self.end_transaction(client, fwd).await;
                     return Ok(());
                 }
                 None => return Ok(()),
@@ -661,24 +657,24 @@ impl Session {
 
     /// Transaction mode: the transaction is over; the server connection goes
     /// back to the pool.
-    async fn end_transaction(&mut self, client: &mut ClientStream, link: &mut Link) {
-        let checkout = link.held.take().expect("a server connection is held");
-        let lent = link.lent_at.elapsed();
+    async fn end_transaction(&mut self, client: &mut ClientStream, fwd: &mut Forwarding) {
+        let checkout = fwd.held.take().expect("a server connection is held");
+        let lent = fwd.lent_at.elapsed();
         self.handle.set_server(None);
-        if link.out_buf.is_empty() {
+        if fwd.out_buf.is_empty() {
             self.pool.checkin(checkout);
         } else {
             // The server said more after its last ReadyForQuery: not clean.
-            let _ = client.write_all(&link.out_buf).await;
+            let _ = client.write_all(&fwd.out_buf).await;
             self.pool.discard(checkout);
         }
         // Recorded once the connection is back: whoever sees the count
         // sees the pool as it is after this transaction.
         self.pool.stats.client_active(-1);
         self.pool.stats.transaction_time(lent);
-        link.out_buf = BytesMut::new();
-        link.out_walker = FrameWalker::new(usize::MAX >> 1);
-        link.flow.released();
+        fwd.out_buf = BytesMut::new();
+        fwd.out_walker = FrameWalker::new(usize::MAX >> 1);
+        fwd.flow.released();
     }
 
     /// Borrows a server connection and brings it in line with the session:
@@ -775,7 +771,7 @@ fn server_info(checkout: &Checkout) -> ServerInfo {
 }
 
 /// What woke the serve loop.
-enum Wake {
+enum LoopEvent {
     ClientData,
     ServerData,
     /// Queued client bytes went (partly) to the server.

@@ -16,8 +16,8 @@
 
 pub mod builtin;
 pub mod cli;
-pub mod context;
-pub mod dispatcher;
+pub(crate) mod context;
+pub(crate) mod dispatcher;
 pub mod lua;
 pub mod query;
 pub mod roles;

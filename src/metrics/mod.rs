@@ -6,7 +6,7 @@
 //! users that passed authentication have pools), hook file, event, outcome,
 //! SQLSTATE class — never an unknown user name or a client address.
 
-pub mod http;
+pub(crate) mod http;
 
 use crate::config::MetricsConfig;
 use metrics::Counter;

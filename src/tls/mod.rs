@@ -7,8 +7,8 @@
 //! - [`write_through`]: writes that return once the bytes are on the socket.
 
 pub mod accept;
-pub mod connect;
-pub mod write_through;
+pub(crate) mod connect;
+pub(crate) mod write_through;
 
 pub use accept::ClientTls;
 pub use connect::ServerTls;

@@ -48,10 +48,13 @@ async fn a_client_holding_a_server_without_a_request_is_timed_out() {
          idle_transaction_timeout: 0.5\nquery_wait_timeout: 5\n",
     )
     .await;
-    let query = message(b'Q', b"SELECT 1\0");
+    // A Query this large streams through (smaller ones are read whole
+    // before anything goes to the server).
+    let large = format!("SELECT '{}'\0", "x".repeat(100_000));
+    let query = message(b'Q', large.as_bytes());
     let stunts: [(&str, Vec<u8>); 4] = [
         ("a lone Flush", message(b'H', b"")),
-        ("half a message", query[..8].to_vec()),
+        ("half a message", query[..query.len() / 2].to_vec()),
         ("a Parse without Sync", message(b'P', b"\0SELECT 1\0\0\0")),
         (
             "COPY FROM STDIN without data",

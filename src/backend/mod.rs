@@ -9,6 +9,7 @@
 
 mod connect;
 pub(crate) mod credential;
+mod session_settings;
 pub(crate) mod stream;
 
 pub use connect::{connect, ServerTarget};

@@ -14,6 +14,7 @@
 //! a flow with byte fixtures, as `protocol/frames.rs` is tested.
 
 use super::prepared::{self, Answer, ResponsePlan};
+use super::sql_scan::{self, Effects};
 use crate::backend::PreparedSet;
 use crate::config::PoolMode;
 use crate::protocol::messages;
@@ -21,6 +22,11 @@ use crate::protocol::tags::{backend, frontend, status};
 
 /// Server ErrorResponses up to this size are read whole for their SQLSTATE.
 pub const ERROR_BODY_LIMIT: usize = 64 * 1024;
+
+/// Query and Parse messages up to this size are read whole, so their SQL
+/// can be scanned for what it does to the session (`sql_scan`); larger
+/// ones stream, and count as changing anything.
+pub const SCAN_LIMIT: usize = 64 * 1024;
 
 /// What to do with a client message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,6 +93,9 @@ pub struct Flow {
     server_fatal: bool,
     /// Queries (Query and Execute messages) seen since last taken.
     queries: u64,
+    /// What the client's statements since the session last settled may
+    /// have done to the session (settings changed).
+    effects: Effects,
 }
 
 impl Flow {
@@ -102,18 +111,22 @@ impl Flow {
             discarded: false,
             server_fatal: false,
             queries: 0,
+            effects: Effects::default(),
         }
     }
 
-    /// Which client messages usher reads whole (given the start of the
-    /// body that is in): with rewriting, a named Parse (its text is the
-    /// shared statement's key), Describe and Close (small). A Bind is
-    /// never held: its names are read from its head and its parameters
-    /// stream. `None`: more of the head is needed to decide.
+    /// Which client messages usher reads whole (given the body's length
+    /// and the start of it that is in): Query and Parse up to
+    /// [`SCAN_LIMIT`], for their SQL; with rewriting, also a larger named
+    /// Parse (its text is the shared statement's key), Describe and Close
+    /// (small). A Bind is never held: its names are read from its head and
+    /// its parameters stream. `None`: more of the head is needed to decide.
     /// (An associated function of `rewriting`, so the walker can ask it
     /// while the flow itself is borrowed by the visitor.)
-    pub fn client_wants_body(rewriting: bool, tag: u8, head: &[u8]) -> Option<bool> {
+    pub fn client_wants_body(rewriting: bool, tag: u8, len: usize, head: &[u8]) -> Option<bool> {
         match tag {
+            frontend::QUERY => Some(len <= SCAN_LIMIT),
+            frontend::PARSE if len <= SCAN_LIMIT => Some(true),
             _ if !rewriting => Some(false),
             frontend::PARSE => head.first().map(|b| *b != 0),
             frontend::BIND => prepared::bind_names(head).map(|_| false),
@@ -127,7 +140,10 @@ impl Flow {
         match tag {
             frontend::TERMINATE => return ClientStep::Terminate,
             frontend::QUERY | frontend::SYNC | frontend::FUNCTION_CALL => {
-                self.queries += u64::from(tag == frontend::QUERY);
+                if tag == frontend::QUERY {
+                    self.queries += 1;
+                    self.effects.add(sql_scan::scan_query(body));
+                }
                 self.pending += 1;
                 self.unsynced = false;
                 self.plan.sync_sent();
@@ -137,11 +153,17 @@ impl Flow {
             frontend::PARSE | frontend::BIND | frontend::DESCRIBE | frontend::CLOSE
                 if self.rewriting && prepared::needs_rewrite(tag, body) =>
             {
+                if tag == frontend::PARSE {
+                    self.effects.add(sql_scan::scan_parse(body));
+                }
                 return ClientStep::Rewrite;
             }
             _ => {
                 self.unsynced = true;
                 self.queries += u64::from(tag == frontend::EXECUTE);
+                if tag == frontend::PARSE {
+                    self.effects.add(sql_scan::scan_parse(body));
+                }
                 if self.rewriting && matches!(tag, frontend::PARSE | frontend::CLOSE) {
                     // Its ParseComplete/CloseComplete goes to the client.
                     self.plan.passed();
@@ -299,6 +321,19 @@ impl Flow {
         self.discarded
     }
 
+    /// The client's statements may have changed session settings, and the
+    /// server has finished with them (nothing owed, not in a transaction
+    /// block): time for the session to read its settings back.
+    pub fn settings_to_settle(&self) -> bool {
+        self.effects.settings && self.quiet() && self.idle()
+    }
+
+    /// The session reads its settings back: the custom settings the
+    /// client's statements named, to ask for by name.
+    pub fn settled(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.effects).custom
+    }
+
     /// Queries seen since last asked.
     pub fn take_queries(&mut self) -> u64 {
         std::mem::take(&mut self.queries)
@@ -356,7 +391,7 @@ mod tests {
                 .client
                 .walk_peeking(
                     bytes,
-                    |tag, _, head| Flow::client_wants_body(rewriting, tag, head),
+                    |tag, len, head| Flow::client_wants_body(rewriting, tag, len, head),
                     |tag, body| {
                         let step = flow.client_message(tag, body);
                         steps.push(step);

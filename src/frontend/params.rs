@@ -9,6 +9,20 @@ use std::collections::HashMap;
 /// Startup-packet keys that are not parameters to SET.
 const NOT_PARAMETERS: &[&str] = &["user", "database", "options", "replication"];
 
+/// Parameters the server sets and no session may: never replayed (a SET of
+/// `is_superuser`, which SET ROLE changes, would be FATAL 55P02).
+const SERVER_SET: &[&str] = &[
+    "is_superuser",
+    "server_version",
+    "server_version_num",
+    "server_encoding",
+    "integer_datetimes",
+    "in_hot_standby",
+];
+
+/// Set before every other setting: setting it resets `role`.
+const FIRST: &str = "session_authorization";
+
 /// Server-reported parameters with mixed-case names; everything else is lower case.
 const CANONICAL: &[&str] = &["DateStyle", "IntervalStyle", "TimeZone"];
 
@@ -97,6 +111,9 @@ impl SessionParams {
 
     /// The server reported a new value (the client ran SET): keep it.
     pub fn observe(&mut self, name: &str, value: &str) {
+        if SERVER_SET.contains(&name) {
+            return;
+        }
         self.client.insert(name.to_string(), value.to_string());
         self.wanted.insert(name.to_string(), value.to_string());
     }
@@ -124,6 +141,7 @@ impl SessionParams {
         let mut settings: Vec<Setting> = self
             .wanted
             .iter()
+            .filter(|(name, _)| !SERVER_SET.contains(&name.as_str()))
             .filter(|(name, value)| conn.params().get(*name) != Some(*value))
             .map(|(name, value)| Setting {
                 name: name.clone(),
@@ -133,13 +151,14 @@ impl SessionParams {
         settings.extend(
             conn.params()
                 .iter()
+                .filter(|(k, _)| !SERVER_SET.contains(&k.as_str()))
                 .filter(|(k, v)| !self.wanted.contains_key(*k) && defaults.get(*k) != Some(*v))
                 .map(|(name, _)| Setting {
                     name: name.clone(),
                     value: None,
                 }),
         );
-        settings.sort_by(|a, b| a.name.cmp(&b.name));
+        settings.sort_by(|a, b| (a.name != FIRST, &a.name).cmp(&(b.name != FIRST, &b.name)));
         settings
     }
 
@@ -158,6 +177,14 @@ impl SessionParams {
                     if now != value {
                         *value = now.clone();
                         changed.push((name.clone(), now.clone()));
+                        // The layer the value came from takes the server's
+                        // spelling too, so a rebuild does not undo it.
+                        let layer = [&mut self.client, &mut self.hook, &mut self.startup]
+                            .into_iter()
+                            .find(|l| l.contains_key(name));
+                        if let Some(layer) = layer {
+                            layer.insert(name.clone(), now.clone());
+                        }
                     }
                 }
             } else {
@@ -166,6 +193,49 @@ impl SessionParams {
         }
         conn.retain_params(|k, _| self.wanted.contains_key(k) || defaults.contains_key(k));
         changed
+    }
+}
+
+impl SessionParams {
+    /// The names of custom settings (`myapp.tenant`) the session has.
+    pub fn custom_names(&self) -> impl Iterator<Item = &String> {
+        self.wanted.keys().filter(|k| k.contains('.'))
+    }
+
+    /// The client's statements may have changed settings, and `read` is
+    /// what the server connection's session now has set (name, value;
+    /// `ServerConn::session_settings`). The client's own layer becomes
+    /// what differs from its startup and hook values, so a SET is kept,
+    /// a rolled-back one is not, and a RESET returns to the startup value
+    /// (the next sync brings it back); the connection's record of its
+    /// unreported settings becomes exactly `read`.
+    pub fn settle(
+        &mut self,
+        read: Vec<(String, String)>,
+        conn: &mut ServerConn,
+        defaults: &HashMap<String, String>,
+    ) {
+        let mut base = self.startup.clone();
+        base.extend(self.hook.iter().map(|(k, v)| (k.clone(), v.clone())));
+        self.client.clear();
+        conn.retain_params(|k, _| defaults.contains_key(k));
+        for (name, value) in read {
+            let unset = match name.as_str() {
+                "role" => value == "none",
+                FIRST => defaults.get(FIRST) == Some(&value),
+                _ => SERVER_SET.contains(&name.as_str()),
+            };
+            if unset {
+                continue;
+            }
+            if !defaults.contains_key(&name) {
+                conn.set_param(name.clone(), value.clone());
+            }
+            if base.get(&name) != Some(&value) {
+                self.client.insert(name, value);
+            }
+        }
+        self.rebuild();
     }
 }
 

@@ -356,10 +356,22 @@ impl Session {
             {
                 // The client's DISCARD ALL completed: its session begins anew.
                 fwd.flow.take_discarded();
+                fwd.flow.settled();
                 // Boxed, like every rare step here: the serve future is
                 // what an idle client costs, and it is as large as its
                 // largest step.
                 if let Err(e) = Box::pin(self.restart_session(client, fwd)).await {
+                    return LoopEnd::Error(e);
+                }
+            }
+            if fwd.flow.settings_to_settle()
+                && fwd.held.is_some()
+                && fwd.in_walker.at_boundary()
+                && fwd.to_server.is_empty()
+                && fwd.out_buf.is_empty()
+            {
+                // Session mode (transaction mode settles as it releases).
+                if let Err(e) = Box::pin(self.settle_settings(client, fwd, true)).await {
                     return LoopEnd::Error(e);
                 }
             }
@@ -489,7 +501,7 @@ impl Session {
                 .in_walker
                 .walk_peeking(
                     &fwd.in_buf,
-                    |tag, _, head| Flow::client_wants_body(rewriting, tag, head),
+                    |tag, len, head| Flow::client_wants_body(rewriting, tag, len, head),
                     |tag, body| match flow.client_message(tag, body) {
                         ClientStep::Forward => Visit::Forward,
                         step => {
@@ -621,10 +633,7 @@ impl Session {
                             .map_err(|_| LoopEnd::ClientLeft)?;
                     }
                 }
-                None if release => {
-                    self.end_transaction(client, fwd).await;
-                    return Ok(());
-                }
+                None if release => return self.end_transaction(client, fwd).await,
                 None => return Ok(()),
             }
         }
@@ -657,7 +666,17 @@ impl Session {
 
     /// Transaction mode: the transaction is over; the server connection goes
     /// back to the pool.
-    async fn end_transaction(&mut self, client: &mut ClientStream, fwd: &mut Forwarding) {
+    async fn end_transaction(
+        &mut self,
+        client: &mut ClientStream,
+        fwd: &mut Forwarding,
+    ) -> Result<(), LoopEnd> {
+        if fwd.flow.settings_to_settle() && fwd.out_buf.is_empty() {
+            // Boxed, as every rare step: see serve_loop.
+            Box::pin(self.settle_settings(client, fwd, false))
+                .await
+                .map_err(LoopEnd::Error)?;
+        }
         let checkout = fwd.held.take().expect("a server connection is held");
         let lent = fwd.lent_at.elapsed();
         self.handle.set_server(None);
@@ -675,6 +694,50 @@ impl Session {
         fwd.out_buf = BytesMut::new();
         fwd.out_walker = FrameWalker::new(usize::MAX >> 1);
         fwd.flow.released();
+        Ok(())
+    }
+
+    /// The client's statements may have changed settings: read back what
+    /// the server connection's session has set and make it the session's
+    /// own (`SessionParams::settle`). With `sync_now` (session mode, where
+    /// the connection stays), a RESET's startup value goes back on at once.
+    async fn settle_settings(
+        &mut self,
+        client: &mut ClientStream,
+        fwd: &mut Forwarding,
+        sync_now: bool,
+    ) -> Result<(), PgError> {
+        let mut custom = fwd.flow.settled();
+        let checkout = fwd.held.as_mut().expect("a server connection is held");
+        let conn = &mut checkout.conn;
+        // Custom settings the session or the connection already has may
+        // have been RESET: ask for them too.
+        for name in conn.params().keys().chain(self.params.custom_names()) {
+            if name.contains('.') && !custom.contains(name) {
+                custom.push(name.clone());
+            }
+        }
+        let read = conn.session_settings(&custom).await.map_err(|e| {
+            PgError::fatal(
+                &e.code,
+                format!("could not read the session's settings back: {}", e.message),
+            )
+        })?;
+        self.params.settle(read, conn, &self.defaults);
+        if sync_now {
+            let settings = self.params.sync_settings(conn, &self.defaults);
+            if !settings.is_empty() {
+                conn.apply_settings(&settings, "").await.map_err(|e| {
+                    PgError::fatal(
+                        &e.code,
+                        format!("could not apply session parameters: {}", e.message),
+                    )
+                })?;
+                let changed = self.params.after_sync(conn, &self.defaults);
+                report_parameters(client, changed).await?;
+            }
+        }
+        Ok(())
     }
 
     /// Borrows a server connection and brings it in line with the session:

@@ -423,7 +423,15 @@ impl Pool {
             return self.checkin(checkout);
         }
         match checkout.conn.simple_query(&query).await {
-            Ok(()) => self.checkin(checkout),
+            Ok(()) => {
+                // The reset (DISCARD ALL by default) took usher's settings
+                // of unreported parameters with it: forget them, or the
+                // next session with the same value would not set it again.
+                if let Some(reported) = self.server_params.get() {
+                    checkout.conn.forget_unreported(reported);
+                }
+                self.checkin(checkout)
+            }
             Err(e) => {
                 tracing::warn!(server = checkout.conn.id(), error = %e, "server_reset_query failed; closing the connection");
                 self.discard(checkout);

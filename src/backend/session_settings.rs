@@ -1,0 +1,84 @@
+//! Reading back what a session has set on its server connection: after a
+//! client's statements may have changed settings, the session asks the
+//! server instead of parsing the SQL (SET, RESET, SET ROLE, set_config()
+//! and rolled-back transactions all come out right).
+
+use super::{error_from_fields, lost, read_backend_message, ServerConn};
+use crate::protocol::error::sqlstate;
+use crate::protocol::PgError;
+use bytes::BytesMut;
+use fallible_iterator::FallibleIterator;
+use postgres_protocol::message::backend::Message;
+use postgres_protocol::message::frontend;
+use tokio::io::AsyncWriteExt;
+
+/// Every setting changed at session level (SET, set_config), with the
+/// value SHOW gives; `role` and `session_authorization`, which pg_settings
+/// does not list, always (`role` is `none` when not set).
+const READ_BACK: &str =
+    "SELECT name, pg_catalog.current_setting(name) FROM pg_catalog.pg_settings \
+     WHERE source = 'session' AND name <> 'session_authorization' \
+     UNION ALL SELECT 'role', pg_catalog.current_setting('role') \
+     UNION ALL SELECT 'session_authorization', pg_catalog.current_setting('session_authorization')";
+
+impl ServerConn {
+    /// The settings this connection's session has changed from its
+    /// defaults, as (name, value), in one round trip; custom settings
+    /// (`myapp.tenant`), which the server does not list, are asked for by
+    /// name (`custom`: names of letters, digits, `_`, `$` and `.` only).
+    /// ParameterStatus messages on the way update [`ServerConn::params`].
+    pub async fn session_settings(
+        &mut self,
+        custom: &[String],
+    ) -> Result<Vec<(String, String)>, PgError> {
+        let mut sql = READ_BACK.to_string();
+        for name in custom {
+            debug_assert!(name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_$.".contains(&b)));
+            if name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_$.".contains(&b))
+            {
+                sql.push_str(&format!(
+                    " UNION ALL SELECT '{name}', pg_catalog.current_setting('{name}', true)"
+                ));
+            }
+        }
+        let mut out = BytesMut::new();
+        frontend::query(&sql, &mut out)
+            .map_err(|e| PgError::error(sqlstate::INTERNAL_ERROR, e.to_string()))?;
+        self.stream.write_all(&out).await.map_err(lost)?;
+        let mut buf = BytesMut::with_capacity(1024);
+        let mut rows = Vec::new();
+        let mut failure = None;
+        loop {
+            match read_backend_message(&mut self.stream, &mut buf).await? {
+                Message::ReadyForQuery(_) => break,
+                Message::DataRow(row) => {
+                    let mut fields = row.ranges();
+                    let buffer = row.buffer();
+                    let text = |r: Option<std::ops::Range<usize>>| {
+                        r.map(|r| String::from_utf8_lossy(&buffer[r]).into_owned())
+                    };
+                    if let (Ok(Some(name)), Ok(Some(value))) = (fields.next(), fields.next()) {
+                        if let (Some(name), Some(value)) = (text(name), text(value)) {
+                            rows.push((name, value));
+                        }
+                    }
+                }
+                Message::ErrorResponse(body) => {
+                    failure.get_or_insert_with(|| error_from_fields(body.fields()));
+                }
+                Message::ParameterStatus(body) => {
+                    if let (Ok(name), Ok(value)) = (body.name(), body.value()) {
+                        self.params.insert(name.to_string(), value.to_string());
+                    }
+                }
+                _ => {}
+            }
+        }
+        self.last_used = std::time::Instant::now();
+        failure.map_or(Ok(rows), Err)
+    }
+}

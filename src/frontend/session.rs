@@ -449,8 +449,8 @@ impl Session {
                 .await
                 .map_err(|e| {
                     PgError::fatal(
-                        &e.code,
-                        format!("could not apply session parameters: {}", e.message),
+                        e.sqlstate(),
+                        format!("could not apply session parameters: {e}"),
                     )
                 })?;
             let changed = self.params.after_sync(&mut checkout.conn, &self.defaults);
@@ -458,7 +458,7 @@ impl Session {
         }
         for sql in exec {
             if let Err(e) = checkout.conn.simple_query(&sql).await {
-                let w = PgError::warning(format!("session_start statement failed: {}", e.message))
+                let w = PgError::warning(format!("session_start statement failed: {e}"))
                     .with_detail(sql.clone());
                 let mut out = BytesMut::new();
                 w.encode(&mut out);
@@ -727,8 +727,8 @@ impl Session {
             if let Err(e) = conn.apply_settings(&settings, &sql).await {
                 self.pool.discard(checkout);
                 return Err(PgError::fatal(
-                    &e.code,
-                    format!("could not prepare the server connection: {}", e.message),
+                    e.sqlstate(),
+                    format!("could not prepare the server connection: {e}"),
                 ));
             }
         }

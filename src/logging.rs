@@ -56,9 +56,11 @@ pub fn init(config: &LogConfig) {
 /// `log.level` alone keeps the `USHER_LOG` override of the start. An invalid
 /// filter is an error and the running one stays. Without [`init`] (tests,
 /// `usher check`) this does nothing and succeeds.
-pub fn set_level(filter: &str) -> Result<(), String> {
-    let new =
-        EnvFilter::try_new(filter).map_err(|e| format!("invalid log.level {filter:?}: {e}"))?;
+pub fn set_level(filter: &str) -> Result<(), LevelError> {
+    let new = EnvFilter::try_new(filter).map_err(|e| LevelError::Invalid {
+        filter: filter.to_string(),
+        reason: e.to_string(),
+    })?;
     let Some(live) = LIVE.get() else {
         return Ok(());
     };
@@ -68,16 +70,19 @@ pub fn set_level(filter: &str) -> Result<(), String> {
     }
     live.filter
         .reload(new)
-        .map_err(|e| format!("cannot change the log level: {e}"))?;
+        .map_err(|e| LevelError::Reload(e.to_string()))?;
     *configured = filter.to_string();
     tracing::info!(level = filter, "log level changed");
     Ok(())
 }
 
-/// Checks a `log.level` filter (configuration validation does it with
-/// [`crate::config::check_log_level`]; this is its message alone).
-pub fn check_level(filter: &str) -> Result<(), String> {
-    crate::config::check_log_level(filter).map_err(|issue| issue.message)
+/// Why the log level was not changed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LevelError {
+    #[error("invalid log.level {filter:?}: {reason}")]
+    Invalid { filter: String, reason: String },
+    #[error("cannot change the log level: {0}")]
+    Reload(String),
 }
 
 /// The filter for `level`; an invalid one (which validation refuses) falls
@@ -98,8 +103,9 @@ mod tests {
 
     #[test]
     fn levels_are_checked() {
-        assert!(check_level("info").is_ok());
-        assert!(check_level("usher=debug,tokio_postgres=warn").is_ok());
-        assert!(check_level("usher=loud").is_err());
+        use crate::config::check_log_level;
+        assert!(check_log_level("info").is_ok());
+        assert!(check_log_level("usher=debug,tokio_postgres=warn").is_ok());
+        assert!(check_log_level("usher=loud").is_err());
     }
 }

@@ -19,7 +19,7 @@ fn set_level_changes_the_running_filter() {
 
     // A bad filter is refused and the running one stays.
     let e = usher::logging::set_level("usher=loud").unwrap_err();
-    assert!(e.contains("usher=loud"), "{e}");
+    assert!(e.to_string().contains("usher=loud"), "{e}");
     assert!(tracing::enabled!(Level::INFO));
 
     // Per-target filters work too.

@@ -115,6 +115,37 @@ async fn unknown_database_is_3d000() {
     );
 }
 
+/// The server's own refusal at usher's login to it (here: the database the
+/// config points at does not exist on the server) reaches the client as
+/// the server sent it: FATAL, its SQLSTATE and its message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_refusal_reaches_the_client_with_its_fields() {
+    let pg = PgCluster::shared();
+    let yaml = common::usher_yaml(pg, "").replace(
+        "databases:\n",
+        &format!(
+            "databases:\n  gone:\n    host: 127.0.0.1\n    port: {}\n    dbname: no_such_database\n",
+            pg.port
+        ),
+    );
+    let usher = Usher::start_yaml(&yaml).await;
+    let e = tokio_postgres::connect(
+        &usher.conn_str_db("alice", ALICE_PASSWORD, "gone"),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .err()
+    .expect("the server refuses");
+    let db = e.as_db_error().expect("the server's error, forwarded");
+    assert_eq!(db.severity(), "FATAL", "{db:?}");
+    assert_eq!(db.code().code(), "3D000", "{db:?}");
+    assert_eq!(
+        db.message(),
+        "database \"no_such_database\" does not exist",
+        "{db:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn too_many_clients_is_53300() {
     let pg = PgCluster::shared();

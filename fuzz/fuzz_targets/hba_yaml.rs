@@ -30,6 +30,6 @@ fuzz_target!(|data: &[u8]| {
                 }
             }
         }
-        Err((key, _)) => assert!(key.starts_with("auth.hba["), "{key}"),
+        Err(issue) => assert!(issue.key.starts_with("auth.hba["), "{issue}"),
     }
 });

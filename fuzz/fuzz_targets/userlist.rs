@@ -21,6 +21,6 @@ fuzz_target!(|data: &[u8]| {
                 }
             }
         }
-        Err(e) => assert!(e.starts_with("line "), "{e}"),
+        Err(e) => assert!(e.to_string().starts_with("line "), "{e}"),
     }
 });

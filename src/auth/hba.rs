@@ -10,10 +10,59 @@
 //! the server through `auth.user`); addresses `all`, CIDR, a single address,
 //! or address and netmask in the file format.
 
-use crate::config::{AuthMethod, HbaMethod, HbaRuleConfig, HbaType};
+use crate::config::{AuthMethod, ConfigIssue, HbaMethod, HbaRuleConfig, HbaType};
 use ipnet::IpNet;
 use std::future::Future;
 use std::net::IpAddr;
+
+/// What is wrong with a rule: a field of `auth.hba` (then it becomes a
+/// [`ConfigIssue`] naming the key) or a line of a file ([`HbaFileError`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RuleError {
+    /// `what` is "database" or "user".
+    #[error("empty {0} name")]
+    EmptyName(&'static str),
+    #[error("`{0}` is not supported")]
+    Unsupported(String),
+    #[error("@file lists are not supported")]
+    FileList,
+    #[error("`+` needs a role name")]
+    EmptyRole,
+    #[error("expected {expected}, got `{got}`")]
+    Expected { expected: &'static str, got: String },
+    #[error("invalid netmask `{mask}` for `{address}`")]
+    Netmask { mask: String, address: String },
+    #[error(
+        "expected a CIDR address, an IP address or `all`, got `{0}` (host names are not supported)"
+    )]
+    NotAnAddress(String),
+    #[error("local rules take no address")]
+    LocalWithAddress,
+    #[error("expected a CIDR address or `all` for host rules")]
+    HostWithoutAddress,
+    #[error(
+        "unsupported method `{0}` (expected trust, password, md5, scram-sha-256, cert or reject)"
+    )]
+    Method(String),
+    #[error("unsupported connection type `{0}` (expected host, hostssl, hostnossl or local)")]
+    ConnectionType(String),
+    #[error("expected one {0}")]
+    ExpectedOne(&'static str),
+    #[error("end of line before the {0} field")]
+    EndOfLine(&'static str),
+    #[error("rule options are not supported, got `{0}`")]
+    Options(String),
+    #[error("unterminated quoted string")]
+    UnterminatedQuote,
+}
+
+/// A line of a pg_hba.conf-format file that is not a rule usher can use.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("line {line}: {error}")]
+pub struct HbaFileError {
+    pub line: usize,
+    pub error: RuleError,
+}
 
 /// The rules, in order.
 #[derive(Debug, Clone, Default)]
@@ -78,11 +127,15 @@ struct Token {
 }
 
 impl Hba {
-    /// Compiles `auth.hba`. Errors are (key, message).
-    pub fn from_config(rules: &[HbaRuleConfig]) -> Result<Hba, (String, String)> {
+    /// Compiles `auth.hba`; an error names the key.
+    pub fn from_config(rules: &[HbaRuleConfig]) -> Result<Hba, ConfigIssue> {
         let mut out = Vec::with_capacity(rules.len());
         for (i, r) in rules.iter().enumerate() {
-            let key = |field: &str| format!("auth.hba[{i}].{field}");
+            let at = |field: &'static str| {
+                move |e: RuleError| {
+                    ConfigIssue::new(format!("auth.hba[{i}].{field}"), e.to_string())
+                }
+            };
             let list = |text: &str| -> Vec<Token> {
                 text.split(',')
                     .map(|t| Token {
@@ -91,20 +144,15 @@ impl Hba {
                     })
                     .collect()
             };
-            let databases = databases(&list(&r.database)).map_err(|e| (key("database"), e))?;
-            let users = users(&list(&r.user)).map_err(|e| (key("user"), e))?;
+            let databases = databases(&list(&r.database)).map_err(at("database"))?;
+            let users = users(&list(&r.user)).map_err(at("user"))?;
             let address = match (r.conn_type, r.address.as_deref()) {
                 (HbaType::Local, None) => None,
                 (HbaType::Local, Some(_)) => {
-                    return Err((key("address"), "local rules take no address".into()))
+                    return Err(at("address")(RuleError::LocalWithAddress))
                 }
-                (_, None) => {
-                    return Err((
-                        key("address"),
-                        "expected a CIDR address or `all` for host rules".into(),
-                    ))
-                }
-                (_, Some(a)) => address(a, None).map_err(|e| (key("address"), e))?,
+                (_, None) => return Err(at("address")(RuleError::HostWithoutAddress)),
+                (_, Some(a)) => address(a, None).map_err(at("address"))?,
             };
             out.push(Rule {
                 origin: format!("auth.hba[{i}]"),
@@ -120,18 +168,18 @@ impl Hba {
 
     /// Parses a pg_hba.conf-format file; `name` labels rules in the log.
     /// Errors say the line and what was wrong.
-    pub fn parse_file(text: &str, name: &str) -> Result<Hba, String> {
+    pub fn parse_file(text: &str, name: &str) -> Result<Hba, HbaFileError> {
         let mut rules = Vec::new();
         for (i, line) in text.lines().enumerate() {
-            let bad = |what: String| format!("line {}: {what}", i + 1);
-            let fields = fields(line).map_err(|e| bad(e.into()))?;
+            let bad = |error: RuleError| HbaFileError { line: i + 1, error };
+            let fields = fields(line).map_err(bad)?;
             if fields.is_empty() {
                 continue;
             }
-            let single = |f: &Vec<Token>, what: &str| -> Result<String, String> {
+            let single = |f: &Vec<Token>, what: &'static str| -> Result<String, HbaFileError> {
                 match f.as_slice() {
                     [t] => Ok(t.text.clone()),
-                    _ => Err(bad(format!("expected one {what}"))),
+                    _ => Err(bad(RuleError::ExpectedOne(what))),
                 }
             };
             let conn_type = match single(&fields[0], "connection type")?.as_str() {
@@ -139,19 +187,12 @@ impl Hba {
                 "host" => HbaType::Host,
                 "hostssl" => HbaType::HostSsl,
                 "hostnossl" => HbaType::HostNoSsl,
-                other => {
-                    return Err(bad(format!(
-                        "unsupported connection type `{other}` (expected host, hostssl, hostnossl or local)"
-                    )))
-                }
+                other => return Err(bad(RuleError::ConnectionType(other.to_string()))),
             };
             let mut rest = fields[1..].iter();
-            let mut next = |what: &str| {
-                rest.next()
-                    .ok_or_else(|| bad(format!("end of line before the {what} field")))
-            };
-            let databases = databases(next("database")?).map_err(&bad)?;
-            let users = users(next("user")?).map_err(&bad)?;
+            let mut next = |what: &'static str| rest.next().ok_or(bad(RuleError::EndOfLine(what)));
+            let databases = databases(next("database")?).map_err(bad)?;
+            let users = users(next("user")?).map_err(bad)?;
             let address = if conn_type == HbaType::Local {
                 None
             } else {
@@ -169,18 +210,13 @@ impl Hba {
                 } else {
                     None
                 };
-                address(&addr, mask.as_deref()).map_err(&bad)?
+                address(&addr, mask.as_deref()).map_err(bad)?
             };
-            let method_field = rest
-                .next()
-                .ok_or_else(|| bad("end of line before the method field".into()))?;
-            let method = method(&single(method_field, "method")?).map_err(&bad)?;
+            let method_field = rest.next().ok_or(bad(RuleError::EndOfLine("method")))?;
+            let method = method(&single(method_field, "method")?).map_err(bad)?;
             if let Some(option) = rest.next() {
                 let text: Vec<_> = option.iter().map(|t| t.text.as_str()).collect();
-                return Err(bad(format!(
-                    "rule options are not supported, got `{}`",
-                    text.join(",")
-                )));
+                return Err(bad(RuleError::Options(text.join(","))));
             }
             rules.push(Rule {
                 origin: format!("{name}:{}", i + 1),
@@ -260,30 +296,30 @@ impl Hba {
     }
 }
 
-fn databases(tokens: &[Token]) -> Result<Vec<DatabaseName>, String> {
+fn databases(tokens: &[Token]) -> Result<Vec<DatabaseName>, RuleError> {
     tokens
         .iter()
         .map(|t| match (t.text.as_str(), t.quoted) {
-            ("", _) => Err("empty database name".to_string()),
+            ("", _) => Err(RuleError::EmptyName("database")),
             ("all", false) => Ok(DatabaseName::All),
             ("sameuser", false) => Ok(DatabaseName::SameUser),
             ("replication", false) => Ok(DatabaseName::Replication),
-            ("samerole" | "samegroup", false) => Err(format!("`{}` is not supported", t.text)),
-            (n, false) if n.starts_with('@') => Err("@file lists are not supported".to_string()),
+            ("samerole" | "samegroup", false) => Err(RuleError::Unsupported(t.text.clone())),
+            (n, false) if n.starts_with('@') => Err(RuleError::FileList),
             (n, _) => Ok(DatabaseName::Named(n.to_string())),
         })
         .collect()
 }
 
-fn users(tokens: &[Token]) -> Result<Vec<UserName>, String> {
+fn users(tokens: &[Token]) -> Result<Vec<UserName>, RuleError> {
     tokens
         .iter()
         .map(|t| match (t.text.as_str(), t.quoted) {
-            ("", _) => Err("empty user name".to_string()),
+            ("", _) => Err(RuleError::EmptyName("user")),
             ("all", false) => Ok(UserName::All),
-            (n, false) if n.starts_with('@') => Err("@file lists are not supported".to_string()),
+            (n, false) if n.starts_with('@') => Err(RuleError::FileList),
             (n, false) if n.starts_with('+') => match &n[1..] {
-                "" => Err("`+` needs a role name".to_string()),
+                "" => Err(RuleError::EmptyRole),
                 role => Ok(UserName::MemberOf(role.to_string())),
             },
             (n, _) => Ok(UserName::Named(n.to_string())),
@@ -291,37 +327,40 @@ fn users(tokens: &[Token]) -> Result<Vec<UserName>, String> {
         .collect()
 }
 
-fn address(text: &str, netmask: Option<&str>) -> Result<Option<IpNet>, String> {
+fn address(text: &str, netmask: Option<&str>) -> Result<Option<IpNet>, RuleError> {
     let text = text.trim();
     match text {
         "all" => return Ok(None),
-        "samehost" | "samenet" => return Err(format!("`{text}` is not supported")),
+        "samehost" | "samenet" => return Err(RuleError::Unsupported(text.to_string())),
         _ => {}
     }
+    let expected = |expected: &'static str, got: &str| RuleError::Expected {
+        expected,
+        got: got.to_string(),
+    };
     if let Some(mask) = netmask {
-        let ip: IpAddr = text
-            .parse()
-            .map_err(|_| format!("expected an IP address, got `{text}`"))?;
-        let mask: IpAddr = mask
-            .parse()
-            .map_err(|_| format!("expected a netmask, got `{mask}`"))?;
+        let ip: IpAddr = text.parse().map_err(|_| expected("an IP address", text))?;
+        let mask: IpAddr = mask.parse().map_err(|_| expected("a netmask", mask))?;
         return IpNet::with_netmask(ip, mask)
             .map(Some)
-            .map_err(|_| format!("invalid netmask `{mask}` for `{text}`"));
+            .map_err(|_| RuleError::Netmask {
+                mask: mask.to_string(),
+                address: text.to_string(),
+            });
     }
     if text.contains('/') {
         let net: IpNet = text
             .parse()
-            .map_err(|_| format!("expected a CIDR address such as 10.0.0.0/8, got `{text}`"))?;
+            .map_err(|_| expected("a CIDR address such as 10.0.0.0/8", text))?;
         return Ok(Some(net.trunc()));
     }
-    let ip: IpAddr = text.parse().map_err(|_| {
-        format!("expected a CIDR address, an IP address or `all`, got `{text}` (host names are not supported)")
-    })?;
+    let ip: IpAddr = text
+        .parse()
+        .map_err(|_| RuleError::NotAnAddress(text.to_string()))?;
     Ok(Some(IpNet::from(ip)))
 }
 
-fn method(text: &str) -> Result<HbaMethod, String> {
+fn method(text: &str) -> Result<HbaMethod, RuleError> {
     Ok(match text {
         "trust" => HbaMethod::Trust,
         "password" => HbaMethod::Password,
@@ -329,17 +368,13 @@ fn method(text: &str) -> Result<HbaMethod, String> {
         "scram-sha-256" => HbaMethod::ScramSha256,
         "cert" => HbaMethod::Cert,
         "reject" => HbaMethod::Reject,
-        other => {
-            return Err(format!(
-                "unsupported method `{other}` (expected trust, password, md5, scram-sha-256, cert or reject)"
-            ))
-        }
+        other => return Err(RuleError::Method(other.to_string())),
     })
 }
 
 /// Splits a pg_hba.conf line into fields (whitespace-separated), each a
 /// comma-separated list of tokens; `"..."` quotes, `#` starts a comment.
-fn fields(line: &str) -> Result<Vec<Vec<Token>>, &'static str> {
+fn fields(line: &str) -> Result<Vec<Vec<Token>>, RuleError> {
     let mut fields: Vec<Vec<Token>> = Vec::new();
     let mut field: Vec<Token> = Vec::new();
     let mut token = Token {
@@ -398,7 +433,7 @@ fn fields(line: &str) -> Result<Vec<Vec<Token>>, &'static str> {
         }
     }
     if in_quotes {
-        return Err("unterminated quoted string");
+        return Err(RuleError::UnterminatedQuote);
     }
     if in_token {
         field.push(token);
@@ -547,20 +582,20 @@ mod tests {
                 "line 1: `samenet` is not supported",
             ),
         ] {
-            let e = Hba::parse_file(text, "f").unwrap_err();
+            let e = Hba::parse_file(text, "f").unwrap_err().to_string();
             assert!(e.starts_with(expected), "{text:?}: {e}");
         }
         let rules: Vec<HbaRuleConfig> = serde_yaml::from_str(
             "- { type: host, database: all, user: all, address: 300.0.0.0/8, method: trust }\n",
         )
         .unwrap();
-        let (key, _) = Hba::from_config(&rules).unwrap_err();
-        assert_eq!(key, "auth.hba[0].address");
+        let issue = Hba::from_config(&rules).unwrap_err();
+        assert_eq!(issue.key, "auth.hba[0].address");
         let rules: Vec<HbaRuleConfig> =
             serde_yaml::from_str("- { type: host, database: all, user: all, method: trust }\n")
                 .unwrap();
         assert_eq!(
-            Hba::from_config(&rules).unwrap_err().0,
+            Hba::from_config(&rules).unwrap_err().key,
             "auth.hba[0].address"
         );
     }

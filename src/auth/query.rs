@@ -207,7 +207,11 @@ impl AuthQuery {
     }
 
     async fn connect(&self, target: &Target) -> Result<Arc<tokio_postgres::Client>, PgError> {
-        let stream = stream::open(&target.host, target.port, &target.tls).await?;
+        // The server could not be reached: the client is told why, as a
+        // server login would tell it (never a server's refusal here).
+        let stream = stream::open(&target.host, target.port, &target.tls)
+            .await
+            .map_err(|e| PgError::fatal(e.sqlstate(), e.to_string()))?;
         let mut config = tokio_postgres::Config::new();
         config
             .user(&self.user)

@@ -6,9 +6,18 @@
 use super::Secret;
 use std::collections::HashMap;
 
+/// A line of a userlist that is not `"user" "secret"`: its number and what
+/// is wrong, never the line itself (it may hold a password).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("line {line}: {problem}")]
+pub struct UserlistError {
+    pub line: usize,
+    pub problem: &'static str,
+}
+
 /// Parses the text of a userlist. Errors give the line number and never
 /// quote the line (it may hold a password).
-pub fn parse(text: &str) -> Result<HashMap<String, Secret>, String> {
+pub fn parse(text: &str) -> Result<HashMap<String, Secret>, UserlistError> {
     Ok(entries(text)?
         .into_iter()
         .map(|(user, secret)| (user, Secret::parse(&secret)))
@@ -17,14 +26,17 @@ pub fn parse(text: &str) -> Result<HashMap<String, Secret>, String> {
 
 /// The `(user, secret text)` pairs of a userlist, in file order, before the
 /// secrets are recognised (a plaintext one costs a PBKDF2 run).
-pub fn entries(text: &str) -> Result<Vec<(String, String)>, String> {
+pub fn entries(text: &str) -> Result<Vec<(String, String)>, UserlistError> {
     let mut users = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();
         if line.is_empty() || line.starts_with(';') || line.starts_with('#') {
             continue;
         }
-        let bad = |what: &str| format!("line {}: {what}", i + 1);
+        let bad = |problem: &'static str| UserlistError {
+            line: i + 1,
+            problem,
+        };
         let (user, rest) = quoted(line).ok_or_else(|| bad("expected \"user\" \"password\""))?;
         let (secret, _) = quoted(rest.trim_start())
             .ok_or_else(|| bad("expected a quoted password after the user name"))?;
@@ -75,10 +87,11 @@ mod tests {
     #[test]
     fn errors_name_the_line_and_never_the_password() {
         let e = parse("\"alice\" \"s3cret\"\nalice s3cret\n").unwrap_err();
+        let e = e.to_string();
         assert!(e.starts_with("line 2:"), "{e}");
         assert!(!e.contains("s3cret"));
         let e = parse("\"alice\" \"unterminated\n").unwrap_err();
-        assert!(e.starts_with("line 1:"), "{e}");
+        assert_eq!(e.line, 1, "{e}");
         assert!(parse("\"\" \"x\"\n").is_err());
     }
 }

@@ -1,10 +1,9 @@
 //! Opening a server connection and logging in to PostgreSQL.
 
 use super::credential::{ServerCredential, SharedCredential};
-use super::{error_from_fields, lost, read_backend_message, stream, CancelTarget, ServerConn};
-use crate::protocol::error::sqlstate;
+use super::error::{ConnectError, WireError};
+use super::{read_backend_message, server_error, stream, CancelTarget, ServerConn};
 use crate::protocol::scram_client::ScramClient;
-use crate::protocol::PgError;
 use crate::tls::ServerTls;
 use bytes::BytesMut;
 use md5::{Digest, Md5};
@@ -55,22 +54,18 @@ impl std::fmt::Debug for ServerTarget {
 }
 
 /// Connects and logs in, within `timeout`.
-pub async fn connect(target: &ServerTarget, timeout: Duration) -> Result<ServerConn, PgError> {
+pub async fn connect(target: &ServerTarget, timeout: Duration) -> Result<ServerConn, ConnectError> {
     match tokio::time::timeout(timeout, connect_inner(target)).await {
         Ok(r) => r,
-        Err(_) => Err(PgError::fatal(
-            sqlstate::CONNECTION_FAILURE,
-            format!(
-                "could not connect to server {}:{} within {:.1}s",
-                target.host,
-                target.port,
-                timeout.as_secs_f64()
-            ),
-        )),
+        Err(_) => Err(ConnectError::Timeout {
+            host: target.host.clone(),
+            port: target.port,
+            after: timeout,
+        }),
     }
 }
 
-async fn connect_inner(target: &ServerTarget) -> Result<ServerConn, PgError> {
+async fn connect_inner(target: &ServerTarget) -> Result<ServerConn, ConnectError> {
     let mut stream = stream::open(&target.host, target.port, &target.tls).await?;
     let mut out = BytesMut::new();
     frontend::startup_message(
@@ -80,28 +75,23 @@ async fn connect_inner(target: &ServerTarget) -> Result<ServerConn, PgError> {
         ],
         &mut out,
     )
-    .map_err(internal)?;
-    stream.write_all(&out).await.map_err(lost)?;
+    .map_err(ConnectError::Encode)?;
+    stream.write_all(&out).await.map_err(WireError::Lost)?;
 
     let credential = target.credential.get();
     let mut buf = BytesMut::with_capacity(1024);
     let mut scram: Option<Scram> = None;
     let mut params = HashMap::new();
     let mut key = None;
-    let cannot = |asked: &str| {
-        let has = match &credential {
+    let cannot = |asked: &'static str| ConnectError::NoSecret {
+        user: target.user.clone(),
+        asked,
+        has: match &credential {
             ServerCredential::None => "none",
             ServerCredential::Password(_) => "a password",
             ServerCredential::Md5(_) => "only an md5 hash",
             ServerCredential::Scram(_) => "only SCRAM keys",
-        };
-        PgError::fatal(
-            sqlstate::INVALID_PASSWORD,
-            format!(
-                "server asked for {asked} for user \"{}\" and usher has {has}",
-                target.user
-            ),
-        )
+        },
     };
     loop {
         out.clear();
@@ -111,7 +101,7 @@ async fn connect_inner(target: &ServerTarget) -> Result<ServerConn, PgError> {
                 let ServerCredential::Password(p) = &credential else {
                     return Err(cannot("a password"));
                 };
-                frontend::password_message(p.as_bytes(), &mut out).map_err(internal)?;
+                frontend::password_message(p.as_bytes(), &mut out).map_err(ConnectError::Encode)?;
             }
             Message::AuthenticationMd5Password(body) => {
                 let hash = match &credential {
@@ -124,7 +114,8 @@ async fn connect_inner(target: &ServerTarget) -> Result<ServerConn, PgError> {
                     ServerCredential::Md5(h) => md5_response(h, body.salt()),
                     _ => return Err(cannot("an md5 password")),
                 };
-                frontend::password_message(hash.as_bytes(), &mut out).map_err(internal)?;
+                frontend::password_message(hash.as_bytes(), &mut out)
+                    .map_err(ConnectError::Encode)?;
             }
             Message::AuthenticationSasl(body) => {
                 let mut mechanisms = body.mechanisms();
@@ -133,10 +124,7 @@ async fn connect_inner(target: &ServerTarget) -> Result<ServerConn, PgError> {
                     found |= m == sasl::SCRAM_SHA_256;
                 }
                 if !found {
-                    return Err(PgError::fatal(
-                        sqlstate::FEATURE_NOT_SUPPORTED,
-                        "server offers no SASL mechanism usher supports",
-                    ));
+                    return Err(ConnectError::NoSaslMechanism);
                 }
                 let s = match &credential {
                     ServerCredential::Password(p) => Scram::Password(ScramSha256::new(
@@ -147,7 +135,7 @@ async fn connect_inner(target: &ServerTarget) -> Result<ServerConn, PgError> {
                     _ => return Err(cannot("a SCRAM password")),
                 };
                 frontend::sasl_initial_response(sasl::SCRAM_SHA_256, s.message(), &mut out)
-                    .map_err(internal)?;
+                    .map_err(ConnectError::Encode)?;
                 scram = Some(s);
             }
             Message::AuthenticationSaslContinue(body) => {
@@ -161,7 +149,7 @@ async fn connect_inner(target: &ServerTarget) -> Result<ServerConn, PgError> {
                     None => return Err(protocol("unexpected SASL continue")),
                 }
                 let s = scram.as_ref().expect("set above");
-                frontend::sasl_response(s.message(), &mut out).map_err(internal)?;
+                frontend::sasl_response(s.message(), &mut out).map_err(ConnectError::Encode)?;
             }
             Message::AuthenticationSaslFinal(body) => match scram.take() {
                 Some(Scram::Password(mut s)) => s
@@ -181,16 +169,14 @@ async fn connect_inner(target: &ServerTarget) -> Result<ServerConn, PgError> {
                 key = Some((body.process_id() as u32, body.secret_key() as u32))
             }
             Message::ErrorResponse(body) => {
-                let mut e = error_from_fields(body.fields());
-                e.severity = crate::protocol::Severity::Fatal;
-                return Err(e);
+                return Err(ConnectError::Refused(server_error(body.fields())))
             }
             Message::ReadyForQuery(_) => break,
             Message::NoticeResponse(_) => {}
             _ => return Err(protocol("unexpected message during server login")),
         }
         if !out.is_empty() {
-            stream.write_all(&out).await.map_err(lost)?;
+            stream.write_all(&out).await.map_err(WireError::Lost)?;
         }
     }
     let (pid, secret) = key.unwrap_or((0, 0));
@@ -211,20 +197,13 @@ fn md5_response(stored: &str, salt: [u8; 4]) -> String {
     format!("md5{:x}", md5.finalize())
 }
 
-fn scram_failed(target: &ServerTarget, why: &str) -> PgError {
-    PgError::fatal(
-        sqlstate::INVALID_PASSWORD,
-        format!(
-            "SCRAM pass-through for user \"{}\" failed: {why}",
-            target.user
-        ),
-    )
+fn scram_failed(target: &ServerTarget, why: &str) -> ConnectError {
+    ConnectError::ScramPassThrough {
+        user: target.user.clone(),
+        why: why.to_string(),
+    }
 }
 
-fn internal(e: std::io::Error) -> PgError {
-    PgError::fatal(sqlstate::INTERNAL_ERROR, e.to_string())
-}
-
-fn protocol(msg: &str) -> PgError {
-    PgError::fatal(sqlstate::PROTOCOL_VIOLATION, format!("server login: {msg}"))
+fn protocol(msg: &str) -> ConnectError {
+    ConnectError::Protocol(msg.to_string())
 }

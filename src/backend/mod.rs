@@ -6,19 +6,21 @@
 //!
 //! - [`stream`]: TCP or TLS to the server (`databases.<name>.tls`).
 //! - [`credential`]: what usher logs in with (password, md5, SCRAM keys).
+//! - [`error`]: [`ConnectError`] (connect and login), [`QueryError`]
+//!   (usher's own statements); no client-facing text.
 
 mod connect;
 pub(crate) mod credential;
+pub mod error;
 mod session_settings;
 pub(crate) mod stream;
 
 pub use connect::{connect, ServerTarget};
 pub use credential::{ServerCredential, SharedCredential};
+pub use error::{ConnectError, QueryError, ServerError, TlsStep, WireError};
 pub use stream::ServerStream;
 
-use crate::protocol::error::sqlstate;
 use crate::protocol::tags::field;
-use crate::protocol::PgError;
 use bytes::BytesMut;
 use fallible_iterator::FallibleIterator;
 use postgres_protocol::message::backend::{ErrorFields, Message};
@@ -244,11 +246,10 @@ impl ServerConn {
     /// Runs `sql` with the simple protocol and waits for ReadyForQuery.
     /// ParameterStatus messages update [`ServerConn::params`]. A server error
     /// is returned after the server is ready again.
-    pub async fn simple_query(&mut self, sql: &str) -> Result<(), PgError> {
+    pub async fn simple_query(&mut self, sql: &str) -> Result<(), QueryError> {
         let mut out = BytesMut::new();
-        frontend::query(sql, &mut out)
-            .map_err(|e| PgError::error(sqlstate::INTERNAL_ERROR, e.to_string()))?;
-        self.stream.write_all(&out).await.map_err(lost)?;
+        frontend::query(sql, &mut out).map_err(|e| QueryError::Encode(e.to_string()))?;
+        self.stream.write_all(&out).await.map_err(WireError::Lost)?;
         self.read_until_ready(1).await
     }
 
@@ -265,9 +266,8 @@ impl ServerConn {
         &mut self,
         settings: &[Setting],
         then_sql: &str,
-    ) -> Result<(), PgError> {
-        let internal =
-            |e: &dyn std::fmt::Display| PgError::error(sqlstate::INTERNAL_ERROR, e.to_string());
+    ) -> Result<(), QueryError> {
+        let internal = |e: &dyn std::fmt::Display| QueryError::Encode(e.to_string());
         let mut out = BytesMut::new();
         let mut replies = 0;
         if !settings.is_empty() {
@@ -315,20 +315,20 @@ impl ServerConn {
         if replies == 0 {
             return Ok(());
         }
-        self.stream.write_all(&out).await.map_err(lost)?;
+        self.stream.write_all(&out).await.map_err(WireError::Lost)?;
         self.read_until_ready(replies).await
     }
 
     /// Reads the answers to `replies` requests (each ends at a
     /// ReadyForQuery), noting ParameterStatus; the first error is returned.
-    async fn read_until_ready(&mut self, mut replies: usize) -> Result<(), PgError> {
+    async fn read_until_ready(&mut self, mut replies: usize) -> Result<(), QueryError> {
         let mut buf = BytesMut::with_capacity(1024);
         let mut failure = None;
         while replies > 0 {
             match self.read_message(&mut buf).await? {
                 Message::ReadyForQuery(_) => replies -= 1,
                 Message::ErrorResponse(body) => {
-                    failure.get_or_insert_with(|| error_from_fields(body.fields()));
+                    failure.get_or_insert_with(|| server_error(body.fields()));
                 }
                 Message::ParameterStatus(body) => {
                     if let (Ok(name), Ok(value)) = (body.name(), body.value()) {
@@ -339,10 +339,10 @@ impl ServerConn {
             }
         }
         self.last_used = Instant::now();
-        failure.map_or(Ok(()), Err)
+        failure.map_or(Ok(()), |e| Err(QueryError::Server(e)))
     }
 
-    async fn read_message(&mut self, buf: &mut BytesMut) -> Result<Message, PgError> {
+    async fn read_message(&mut self, buf: &mut BytesMut) -> Result<Message, WireError> {
         read_backend_message(&mut self.stream, buf).await
     }
 }
@@ -351,42 +351,31 @@ impl ServerConn {
 pub(crate) async fn read_backend_message(
     stream: &mut ServerStream,
     buf: &mut BytesMut,
-) -> Result<Message, PgError> {
+) -> Result<Message, WireError> {
     loop {
-        if let Some(m) = Message::parse(buf).map_err(|e| {
-            PgError::fatal(
-                sqlstate::PROTOCOL_VIOLATION,
-                format!("bad message from server: {e}"),
-            )
-        })? {
+        if let Some(m) = Message::parse(buf).map_err(|e| WireError::Malformed(e.to_string()))? {
             return Ok(m);
         }
-        let n = stream.read_buf(buf).await.map_err(lost)?;
+        let n = stream.read_buf(buf).await.map_err(WireError::Lost)?;
         if n == 0 {
-            return Err(PgError::fatal(
-                sqlstate::CONNECTION_FAILURE,
-                "server closed the connection unexpectedly",
-            ));
+            return Err(WireError::Closed);
         }
     }
 }
 
-fn lost(e: std::io::Error) -> PgError {
-    PgError::fatal(
-        sqlstate::CONNECTION_FAILURE,
-        format!("server connection failed: {e}"),
-    )
-}
-
-/// Turns a server ErrorResponse into a [`PgError`], keeping its SQLSTATE.
-pub(crate) fn error_from_fields(mut fields: ErrorFields<'_>) -> PgError {
-    let mut e = PgError::error(sqlstate::INTERNAL_ERROR, "server error");
+/// A server ErrorResponse's fields, as data.
+pub(crate) fn server_error(mut fields: ErrorFields<'_>) -> ServerError {
+    let mut e = ServerError {
+        fatal: false,
+        code: crate::protocol::error::sqlstate::INTERNAL_ERROR.to_string(),
+        message: "server error".to_string(),
+        detail: None,
+        hint: None,
+    };
     while let Ok(Some(f)) = fields.next() {
         let value = String::from_utf8_lossy(f.value_bytes()).into_owned();
         match f.type_() {
-            field::SEVERITY if value == "FATAL" || value == "PANIC" => {
-                e.severity = crate::protocol::Severity::Fatal
-            }
+            field::SEVERITY if value == "FATAL" || value == "PANIC" => e.fatal = true,
             field::CODE => e.code = value,
             field::MESSAGE => e.message = value,
             field::DETAIL => e.detail = Some(value),

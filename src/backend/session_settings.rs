@@ -3,9 +3,7 @@
 //! server instead of parsing the SQL (SET, RESET, SET ROLE, set_config()
 //! and rolled-back transactions all come out right).
 
-use super::{error_from_fields, lost, read_backend_message, ServerConn};
-use crate::protocol::error::sqlstate;
-use crate::protocol::PgError;
+use super::{read_backend_message, server_error, QueryError, ServerConn, WireError};
 use bytes::BytesMut;
 use fallible_iterator::FallibleIterator;
 use postgres_protocol::message::backend::Message;
@@ -30,7 +28,7 @@ impl ServerConn {
     pub async fn session_settings(
         &mut self,
         custom: &[String],
-    ) -> Result<Vec<(String, String)>, PgError> {
+    ) -> Result<Vec<(String, String)>, QueryError> {
         let mut sql = READ_BACK.to_string();
         for name in custom {
             debug_assert!(name
@@ -46,9 +44,8 @@ impl ServerConn {
             }
         }
         let mut out = BytesMut::new();
-        frontend::query(&sql, &mut out)
-            .map_err(|e| PgError::error(sqlstate::INTERNAL_ERROR, e.to_string()))?;
-        self.stream.write_all(&out).await.map_err(lost)?;
+        frontend::query(&sql, &mut out).map_err(|e| QueryError::Encode(e.to_string()))?;
+        self.stream.write_all(&out).await.map_err(WireError::Lost)?;
         let mut buf = BytesMut::with_capacity(1024);
         let mut rows = Vec::new();
         let mut failure = None;
@@ -68,7 +65,7 @@ impl ServerConn {
                     }
                 }
                 Message::ErrorResponse(body) => {
-                    failure.get_or_insert_with(|| error_from_fields(body.fields()));
+                    failure.get_or_insert_with(|| server_error(body.fields()));
                 }
                 Message::ParameterStatus(body) => {
                     if let (Ok(name), Ok(value)) = (body.name(), body.value()) {
@@ -79,6 +76,6 @@ impl ServerConn {
             }
         }
         self.last_used = std::time::Instant::now();
-        failure.map_or(Ok(rows), Err)
+        failure.map_or(Ok(rows), |e| Err(QueryError::Server(e)))
     }
 }

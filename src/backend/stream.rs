@@ -2,10 +2,9 @@
 //! an SSLRequest as the database's `tls` setting asks. Used by server
 //! connections and by the auth query's tokio-postgres connections.
 
+use super::error::{ConnectError, TlsStep};
 use crate::config::ServerTlsMode;
-use crate::protocol::error::sqlstate;
 use crate::protocol::tags::encryption;
-use crate::protocol::PgError;
 use crate::tls::{ServerTls, WriteThrough};
 use std::io;
 use std::pin::Pin;
@@ -23,11 +22,20 @@ pub enum ServerStream {
 }
 
 /// Connects to `host:port` and sets up TLS as `tls` says.
-pub async fn open(host: &str, port: u16, tls: &ServerTls) -> Result<ServerStream, PgError> {
-    let failed = |what: String| PgError::fatal(sqlstate::CONNECTION_FAILURE, what);
-    let mut tcp = TcpStream::connect((host, port))
-        .await
-        .map_err(|e| failed(format!("could not connect to server {host}:{port}: {e}")))?;
+pub async fn open(host: &str, port: u16, tls: &ServerTls) -> Result<ServerStream, ConnectError> {
+    let failed = |step: TlsStep| ConnectError::Tls {
+        host: host.to_string(),
+        port,
+        step,
+    };
+    let mut tcp =
+        TcpStream::connect((host, port))
+            .await
+            .map_err(|source| ConnectError::Unreachable {
+                host: host.to_string(),
+                port,
+                source,
+            })?;
     let _ = tcp.set_nodelay(true);
     let Some((config, name)) = tls.client_config() else {
         return Ok(ServerStream::Plain(tcp));
@@ -35,40 +43,31 @@ pub async fn open(host: &str, port: u16, tls: &ServerTls) -> Result<ServerStream
     let mut request = Vec::with_capacity(8);
     request.extend_from_slice(&8u32.to_be_bytes());
     request.extend_from_slice(&crate::protocol::startup::SSL_REQUEST.to_be_bytes());
-    tcp.write_all(&request).await.map_err(|e| {
-        failed(format!(
-            "could not send SSL negotiation to {host}:{port}: {e}"
-        ))
-    })?;
+    tcp.write_all(&request)
+        .await
+        .map_err(|e| failed(TlsStep::Request(e)))?;
     // Exactly one byte: anything the server sent after it would be read in
     // plaintext, which TLS is there to prevent.
-    let answer = tcp.read_u8().await.map_err(|e| {
-        failed(format!(
-            "no answer to SSL negotiation from {host}:{port}: {e}"
-        ))
-    })?;
+    let answer = tcp
+        .read_u8()
+        .await
+        .map_err(|e| failed(TlsStep::Answer(e)))?;
     match answer {
         encryption::ACCEPT => {}
         encryption::REFUSE if tls.mode == ServerTlsMode::Prefer => {
             return Ok(ServerStream::Plain(tcp))
         }
         encryption::REFUSE => {
-            return Err(failed(format!(
-                "server {host}:{port} does not support SSL, but tls is {}",
-                tls.mode
-            )))
+            return Err(failed(TlsStep::Refused {
+                mode: tls.mode.to_string(),
+            }))
         }
-        _ => {
-            return Err(PgError::fatal(
-                sqlstate::PROTOCOL_VIOLATION,
-                format!("server {host}:{port} sent an invalid answer to SSL negotiation"),
-            ))
-        }
+        _ => return Err(failed(TlsStep::BadAnswer)),
     }
     let stream = TlsConnector::from(config)
         .connect(name, tcp)
         .await
-        .map_err(|e| failed(format!("TLS with server {host}:{port} failed: {e}")))?;
+        .map_err(|e| failed(TlsStep::Handshake(e)))?;
     Ok(ServerStream::Tls(Box::new(WriteThrough::new(stream))))
 }
 

@@ -216,7 +216,9 @@ impl ConfigSnapshot {
         }
         let credentials = Credentials::load(&config, &server_tls)?;
         let hba = match (&config.auth.hba, &config.auth.hba_file) {
-            (Some(rules), _) => Some(Hba::from_config(rules).map_err(|(k, m)| err(&k, m))?),
+            (Some(rules), _) => {
+                Some(Hba::from_config(rules).map_err(|i| i.in_file(&config.source))?)
+            }
             (None, Some(path)) => {
                 let text = std::fs::read_to_string(path).map_err(|e| {
                     err(

@@ -63,7 +63,24 @@ impl From<crate::pool::CheckoutError> for PgError {
                 )
                 .with_detail(detail)
             }
-            CheckoutError::Connect(e) => e,
+            CheckoutError::Connect(e) => e.into(),
+        }
+    }
+}
+
+/// What a client is told when usher could not log in to the server: the
+/// server's own refusal (its fields, as FATAL), or usher's account of it.
+impl From<crate::backend::ConnectError> for PgError {
+    fn from(e: crate::backend::ConnectError) -> PgError {
+        match e {
+            crate::backend::ConnectError::Refused(e) => PgError {
+                severity: Severity::Fatal,
+                code: e.code,
+                message: e.message,
+                detail: e.detail,
+                hint: e.hint,
+            },
+            e => PgError::fatal(e.sqlstate(), e.to_string()),
         }
     }
 }
@@ -111,4 +128,169 @@ pub async fn close_with_error<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S,
         }
     })
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{ConnectError, ServerError, TlsStep, WireError};
+    use crate::pool::CheckoutError;
+    use std::io;
+
+    fn told(e: ConnectError) -> (Severity, String, String) {
+        let e = PgError::from(CheckoutError::Connect(e));
+        (e.severity, e.code, e.message)
+    }
+
+    fn io_error() -> io::Error {
+        io::Error::new(io::ErrorKind::ConnectionRefused, "refused")
+    }
+
+    /// What a client is told when usher cannot log in to the server: the
+    /// texts and SQLSTATEs from before the backend had typed errors.
+    #[test]
+    fn a_failed_server_login_tells_the_client_what_it_always_did() {
+        let h = || "db1".to_string();
+        let p = || 5432;
+        let cases = [
+            (
+                ConnectError::Timeout {
+                    host: h(),
+                    port: p(),
+                    after: Duration::from_millis(500),
+                },
+                "08006",
+                "could not connect to server db1:5432 within 0.5s",
+            ),
+            (
+                ConnectError::Unreachable {
+                    host: h(),
+                    port: p(),
+                    source: io_error(),
+                },
+                "08006",
+                "could not connect to server db1:5432: refused",
+            ),
+            (
+                ConnectError::Tls {
+                    host: h(),
+                    port: p(),
+                    step: TlsStep::Request(io_error()),
+                },
+                "08006",
+                "could not send SSL negotiation to db1:5432: refused",
+            ),
+            (
+                ConnectError::Tls {
+                    host: h(),
+                    port: p(),
+                    step: TlsStep::Answer(io_error()),
+                },
+                "08006",
+                "no answer to SSL negotiation from db1:5432: refused",
+            ),
+            (
+                ConnectError::Tls {
+                    host: h(),
+                    port: p(),
+                    step: TlsStep::Refused {
+                        mode: "require".into(),
+                    },
+                },
+                "08006",
+                "server db1:5432 does not support SSL, but tls is require",
+            ),
+            (
+                ConnectError::Tls {
+                    host: h(),
+                    port: p(),
+                    step: TlsStep::BadAnswer,
+                },
+                "08P01",
+                "server db1:5432 sent an invalid answer to SSL negotiation",
+            ),
+            (
+                ConnectError::Tls {
+                    host: h(),
+                    port: p(),
+                    step: TlsStep::Handshake(io_error()),
+                },
+                "08006",
+                "TLS with server db1:5432 failed: refused",
+            ),
+            (
+                ConnectError::Wire(WireError::Closed),
+                "08006",
+                "server closed the connection unexpectedly",
+            ),
+            (
+                ConnectError::Wire(WireError::Lost(io_error())),
+                "08006",
+                "server connection failed: refused",
+            ),
+            (
+                ConnectError::Wire(WireError::Malformed("short".into())),
+                "08P01",
+                "bad message from server: short",
+            ),
+            (
+                ConnectError::NoSecret {
+                    user: "alice".into(),
+                    asked: "a SCRAM password",
+                    has: "only an md5 hash",
+                },
+                "28P01",
+                "server asked for a SCRAM password for user \"alice\" and usher has only an md5 hash",
+            ),
+            (
+                ConnectError::NoSaslMechanism,
+                "0A000",
+                "server offers no SASL mechanism usher supports",
+            ),
+            (
+                ConnectError::ScramPassThrough {
+                    user: "alice".into(),
+                    why: "invalid proof".into(),
+                },
+                "28P01",
+                "SCRAM pass-through for user \"alice\" failed: invalid proof",
+            ),
+            (
+                ConnectError::Protocol("unexpected SASL final".into()),
+                "08P01",
+                "server login: unexpected SASL final",
+            ),
+            (
+                ConnectError::Encode(io::Error::other("nul byte")),
+                "XX000",
+                "nul byte",
+            ),
+        ];
+        for (error, code, message) in cases {
+            assert_eq!(
+                told(error),
+                (Severity::Fatal, code.to_string(), message.to_string())
+            );
+        }
+    }
+
+    /// A server's refusal reaches the client with its own fields, as FATAL
+    /// (the server ends the connection at login whatever it called it).
+    #[test]
+    fn a_server_refusal_keeps_its_fields() {
+        let refusal = ServerError {
+            fatal: false,
+            code: "3D000".into(),
+            message: "database \"gone\" does not exist".into(),
+            detail: Some("d".into()),
+            hint: Some("h".into()),
+        };
+        let e = PgError::from(CheckoutError::Connect(ConnectError::Refused(refusal)));
+        assert_eq!(
+            e,
+            PgError::fatal("3D000", "database \"gone\" does not exist")
+                .with_detail("d")
+                .with_hint("h")
+        );
+    }
 }

@@ -461,8 +461,8 @@ impl Session {
                 .await
                 .map_err(|e| {
                     PgError::fatal(
-                        &e.code,
-                        format!("could not apply session parameters: {}", e.message),
+                        e.sqlstate(),
+                        format!("could not apply session parameters: {e}"),
                     )
                 })?;
             let changed = self.params.after_sync(&mut checkout.conn, &self.defaults);
@@ -470,7 +470,7 @@ impl Session {
         }
         for sql in exec {
             if let Err(e) = checkout.conn.simple_query(&sql).await {
-                let w = PgError::warning(format!("session_start statement failed: {}", e.message))
+                let w = PgError::warning(format!("session_start statement failed: {e}"))
                     .with_detail(sql.clone());
                 let mut out = BytesMut::new();
                 w.encode(&mut out);
@@ -719,8 +719,8 @@ impl Session {
         }
         let read = conn.session_settings(&custom).await.map_err(|e| {
             PgError::fatal(
-                &e.code,
-                format!("could not read the session's settings back: {}", e.message),
+                e.sqlstate(),
+                format!("could not read the session's settings back: {e}"),
             )
         })?;
         self.params.settle(read, conn, &self.defaults);
@@ -729,8 +729,8 @@ impl Session {
             if !settings.is_empty() {
                 conn.apply_settings(&settings, "").await.map_err(|e| {
                     PgError::fatal(
-                        &e.code,
-                        format!("could not apply session parameters: {}", e.message),
+                        e.sqlstate(),
+                        format!("could not apply session parameters: {e}"),
                     )
                 })?;
                 let changed = self.params.after_sync(conn, &self.defaults);
@@ -786,8 +786,8 @@ impl Session {
             if let Err(e) = conn.apply_settings(&settings, &sql).await {
                 self.pool.discard(checkout);
                 return Err(PgError::fatal(
-                    &e.code,
-                    format!("could not prepare the server connection: {}", e.message),
+                    e.sqlstate(),
+                    format!("could not prepare the server connection: {e}"),
                 ));
             }
         }

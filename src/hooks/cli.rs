@@ -112,8 +112,8 @@ pub fn run(config: &Config, command: HooksCommand) -> ExitCode {
                 ) {
                     Ok(b) if b.active() => hooks.push(Arc::new(b)),
                     Ok(_) => {}
-                    Err((key, message)) => {
-                        eprintln!("{}: {key}: {message}", config.source);
+                    Err(issue) => {
+                        eprintln!("{}: {issue}", config.source);
                         return ExitCode::from(2);
                     }
                 }

@@ -22,6 +22,31 @@ pub enum QueryValue {
 /// One row: (column name, value) in column order.
 pub type QueryRow = Vec<(String, QueryValue)>;
 
+/// Why a hook's query failed: what `usher.query` raises in Lua, and why the
+/// role graph could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum HookQueryError {
+    #[error("usher.query is not configured (set hooks.query.database and hooks.query.user)")]
+    NotConfigured,
+    #[error("usher.query could not connect: {0}")]
+    Connect(tokio_postgres::Error),
+    /// The server refused the statement.
+    #[error("{code}: {message}")]
+    Server { code: String, message: String },
+    /// The connection failed under the statement.
+    #[error(transparent)]
+    Failed(tokio_postgres::Error),
+    #[error("usher.query timed out after {} ms", .0.as_millis())]
+    Timeout(Duration),
+    #[error("column \"{column}\": {source}")]
+    Column {
+        column: String,
+        source: tokio_postgres::Error,
+    },
+    #[error("column \"{column}\" has type {type_name}; cast it to text in the query")]
+    ColumnType { column: String, type_name: String },
+}
+
 /// Lazily connected tokio-postgres clients, used round-robin.
 pub struct QueryPool {
     config: Option<tokio_postgres::Config>,
@@ -54,10 +79,8 @@ impl QueryPool {
         self.config.is_some()
     }
 
-    async fn client(&self) -> Result<Arc<tokio_postgres::Client>, String> {
-        let config = self.config.as_ref().ok_or(
-            "usher.query is not configured (set hooks.query.database and hooks.query.user)",
-        )?;
+    async fn client(&self) -> Result<Arc<tokio_postgres::Client>, HookQueryError> {
+        let config = self.config.as_ref().ok_or(HookQueryError::NotConfigured)?;
         let slot = &self.slots[self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len()];
         if let Some(c) = slot.lock().as_ref().filter(|c| !c.is_closed()) {
             return Ok(c.clone());
@@ -65,7 +88,7 @@ impl QueryPool {
         let (client, connection) = config
             .connect(tokio_postgres::NoTls)
             .await
-            .map_err(|e| format!("usher.query could not connect: {e}"))?;
+            .map_err(HookQueryError::Connect)?;
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "hook query connection closed");
@@ -82,7 +105,7 @@ impl QueryPool {
         &self,
         sql: &str,
         params: &[Option<String>],
-    ) -> Result<Vec<QueryRow>, String> {
+    ) -> Result<Vec<QueryRow>, HookQueryError> {
         let run = async {
             let client = self.client().await?;
             let typed: Vec<(&(dyn tokio_postgres::types::ToSql + Sync), Type)> = params
@@ -94,27 +117,30 @@ impl QueryPool {
                     .query_typed(sql, &typed)
                     .await
                     .map_err(|e| match e.as_db_error() {
-                        Some(db) => format!("{}: {}", db.code().code(), db.message()),
-                        None => e.to_string(),
+                        Some(db) => HookQueryError::Server {
+                            code: db.code().code().to_string(),
+                            message: db.message().to_string(),
+                        },
+                        None => HookQueryError::Failed(e),
                     })?;
             rows.iter().map(convert_row).collect()
         };
         match tokio::time::timeout(self.timeout, run).await {
             Ok(r) => r,
-            Err(_) => Err(format!(
-                "usher.query timed out after {} ms",
-                self.timeout.as_millis()
-            )),
+            Err(_) => Err(HookQueryError::Timeout(self.timeout)),
         }
     }
 }
 
-fn convert_row(row: &tokio_postgres::Row) -> Result<QueryRow, String> {
+fn convert_row(row: &tokio_postgres::Row) -> Result<QueryRow, HookQueryError> {
     row.columns()
         .iter()
         .enumerate()
         .map(|(i, col)| {
-            let err = |e: tokio_postgres::Error| format!("column \"{}\": {e}", col.name());
+            let err = |source| HookQueryError::Column {
+                column: col.name().to_string(),
+                source,
+            };
             let value = match *col.type_() {
                 Type::BOOL => row
                     .try_get::<_, Option<bool>>(i)
@@ -149,10 +175,10 @@ fn convert_row(row: &tokio_postgres::Row) -> Result<QueryRow, String> {
                     .map_err(err)?
                     .map(QueryValue::Text),
                 ref other => {
-                    return Err(format!(
-                        "column \"{}\" has type {other}; cast it to text in the query",
-                        col.name()
-                    ))
+                    return Err(HookQueryError::ColumnType {
+                        column: col.name().to_string(),
+                        type_name: other.to_string(),
+                    })
                 }
             };
             Ok((col.name().to_string(), value.unwrap_or(QueryValue::Null)))

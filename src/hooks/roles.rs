@@ -2,7 +2,7 @@
 //! the background, so `usher.roles.is_member` and member_of rules never wait
 //! on the server once the cache is warm.
 
-use super::query::{QueryPool, QueryValue};
+use super::query::{HookQueryError, QueryPool, QueryValue};
 use arc_swap::ArcSwap;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -80,7 +80,7 @@ impl Default for RoleCache {
 
 impl RoleCache {
     /// The current graph; loads it first if it never was.
-    pub async fn graph(&self, pool: &QueryPool) -> Result<Arc<RoleGraph>, String> {
+    pub async fn graph(&self, pool: &QueryPool) -> Result<Arc<RoleGraph>, HookQueryError> {
         if !self.warm.load(Ordering::Acquire) {
             self.refresh(pool).await?;
         }
@@ -97,7 +97,7 @@ impl RoleCache {
     }
 
     /// Reads pg_auth_members and pg_roles now.
-    pub async fn refresh(&self, pool: &QueryPool) -> Result<(), String> {
+    pub async fn refresh(&self, pool: &QueryPool) -> Result<(), HookQueryError> {
         let edges = pool
             .query(
                 "SELECT m.rolname::text, r.rolname::text FROM pg_auth_members a \

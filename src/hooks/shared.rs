@@ -15,6 +15,13 @@ pub enum SharedValue {
     Bool(bool),
 }
 
+/// What a hook asked of the store that it cannot do.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SharedError {
+    #[error("usher.shared.incr: \"{key}\" does not hold an integer")]
+    NotAnInteger { key: String },
+}
+
 /// The store. One short-held mutex: hooks that use it pay for it, nothing
 /// else touches it.
 #[derive(Debug)]
@@ -50,7 +57,7 @@ impl SharedStore {
 
     /// Adds `by` to an integer (a missing or expired key counts as 0) and
     /// returns the new value. A `ttl` applies when the key is created.
-    pub fn incr(&self, key: &str, by: i64, ttl: Option<Duration>) -> Result<i64, String> {
+    pub fn incr(&self, key: &str, by: i64, ttl: Option<Duration>) -> Result<i64, SharedError> {
         let mut entries = self.entries.lock();
         let now = Instant::now();
         if let Some((value, expiry)) = entries.get_mut(key) {
@@ -60,9 +67,9 @@ impl SharedStore {
                         *n = n.saturating_add(by);
                         Ok(*n)
                     }
-                    _ => Err(format!(
-                        "usher.shared.incr: \"{key}\" does not hold an integer"
-                    )),
+                    _ => Err(SharedError::NotAnInteger {
+                        key: key.to_string(),
+                    }),
                 };
             }
         }

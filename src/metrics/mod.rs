@@ -54,18 +54,28 @@ pub struct Endpoint {
     limits: http::Limits,
 }
 
+/// Why the metrics endpoint could not start (the port is taken...).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("cannot start the metrics endpoint on {listen}: {reason}")]
+pub struct InstallError {
+    pub listen: std::net::SocketAddr,
+    pub reason: String,
+}
+
 /// Installs the Prometheus recorder and binds its HTTP endpoint
 /// (`GET /metrics`, bounded as `config` says); starts the process metrics.
 /// Call once, before anything registers a metric. The endpoint is served
 /// once a runtime runs ([`Endpoint::serve`]); binding now means a port
 /// taken is an error at start.
-pub fn install(config: &MetricsConfig) -> Result<Option<Endpoint>, String> {
+pub fn install(config: &MetricsConfig) -> Result<Option<Endpoint>, InstallError> {
     use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
     let Some(listen) = config.listen else {
         return Ok(None);
     };
-    let failed =
-        |e: &dyn std::fmt::Display| format!("cannot start the metrics endpoint on {listen}: {e}");
+    let failed = |e: &dyn std::fmt::Display| InstallError {
+        listen,
+        reason: e.to_string(),
+    };
     // Histograms with buckets (not the exporter's default summaries), so
     // that they can be summed across pools and instances.
     let buckets = |b: PrometheusBuilder, name: &str, values: &[f64]| {

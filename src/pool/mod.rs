@@ -21,9 +21,8 @@ pub use stats::PoolStats;
 
 use stats::{Lent, Waiting};
 
-use crate::backend::{self, ServerConn, ServerTarget};
+use crate::backend::{self, ConnectError, ServerConn, ServerTarget};
 use crate::config::{PoolLimits, PoolMode};
-use crate::protocol::PgError;
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -90,7 +89,7 @@ pub enum CheckoutError {
     },
     /// Opening a new server connection failed (the server's own error,
     /// or why it could not be reached).
-    Connect(PgError),
+    Connect(ConnectError),
 }
 
 /// A semaphore permit that is forgotten instead of returned while the pool
@@ -320,7 +319,7 @@ impl Pool {
     }
 
     /// Opens a server connection of the current generation.
-    async fn connect(&self, settings: &PoolLimits) -> Result<ServerConn, PgError> {
+    async fn connect(&self, settings: &PoolLimits) -> Result<ServerConn, ConnectError> {
         let generation = self.generation.load(Ordering::Acquire);
         let target = self.target.load_full();
         let login = self.stats.logging_in();
@@ -433,7 +432,7 @@ impl Pool {
                 self.checkin(checkout)
             }
             Err(e) => {
-                tracing::warn!(server = checkout.conn.id(), error = %e, "server_reset_query failed; closing the connection");
+                tracing::warn!(server = checkout.conn.id(), code = e.sqlstate(), error = %e, "server_reset_query failed; closing the connection");
                 self.discard(checkout);
             }
         }
@@ -486,7 +485,7 @@ impl Pool {
                     drop(permit);
                 }
                 Err(e) => {
-                    tracing::warn!(db = %self.database, user = %self.user, error = %e, "could not open a min_pool_size connection");
+                    tracing::warn!(db = %self.database, user = %self.user, code = e.sqlstate(), error = %e, "could not open a min_pool_size connection");
                     break;
                 }
             }

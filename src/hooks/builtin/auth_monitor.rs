@@ -7,7 +7,7 @@
 
 use super::auth_monitor_state::{
     clip, AddrRow, Attempt, Counters, Engaged, Kind, Limits, Locked, LockoutPolicy, Millis,
-    RoleKey, Saved, State,
+    RoleKey, Saved, State, StateFileError,
 };
 use super::{now_ms, timestamp, Table};
 use crate::auth::{AuthAttempt, AuthOutcome};
@@ -359,7 +359,7 @@ impl AuthMonitor {
 
     /// Writes the state file now if anything changed (blocking I/O: call
     /// it from `spawn_blocking` on the runtime).
-    pub fn save(&self) -> Result<(), String> {
+    pub fn save(&self) -> Result<(), StateFileError> {
         let Some(path) = &self.state_file else {
             return Ok(());
         };
@@ -375,7 +375,7 @@ impl AuthMonitor {
         }
         let saved: Saved = self.state.lock().to_saved();
         let result = serde_json::to_vec_pretty(&saved)
-            .map_err(|e| e.to_string())
+            .map_err(std::io::Error::from)
             .and_then(|json| write_atomically(path, &json));
         let outcome = if result.is_ok() { "ok" } else { "error" };
         metrics::counter!("usher_auth_mon_state_saves_total", "result" => outcome).increment(1);
@@ -383,7 +383,10 @@ impl AuthMonitor {
             // Try again at the next interval.
             self.dirty.store(true, Ordering::Relaxed);
         }
-        result.map_err(|e| format!("cannot write {}: {e}", path.display()))
+        result.map_err(|source| StateFileError::Write {
+            path: path.clone(),
+            source,
+        })
     }
 
     /// Saves off the runtime's worker threads, logging a failure.
@@ -448,7 +451,7 @@ fn load(path: &Path, limits: &Limits) -> (State, bool) {
         }
     };
     let parsed = serde_json::from_str::<Saved>(&text)
-        .map_err(|e| e.to_string())
+        .map_err(StateFileError::from)
         .and_then(|saved| State::from_saved(saved, limits));
     match parsed {
         Ok(state) => {
@@ -473,7 +476,7 @@ fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
 
 /// Writes a temporary file next to `path`, flushes it to disk and renames
 /// it over `path`: a crash leaves the old file or the new one, never half.
-fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), String> {
+fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     let tmp = with_suffix(path, ".tmp");
     let write = || -> std::io::Result<()> {
@@ -495,9 +498,8 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), String> {
         }
         Ok(())
     };
-    write().map_err(|e| {
+    write().inspect_err(|_| {
         let _ = std::fs::remove_file(&tmp);
-        e.to_string()
     })
 }
 

@@ -514,6 +514,23 @@ pub struct SavedAddr {
 
 pub const STATE_VERSION: u32 = 1;
 
+/// Why the state file could not be read back or written.
+#[derive(Debug, thiserror::Error)]
+pub enum StateFileError {
+    #[error("unsupported state file version {found} (expected {STATE_VERSION})")]
+    Version { found: u32 },
+    #[error("a role row has neither oid nor name")]
+    RoleWithoutKey,
+    /// Not JSON of the expected shape.
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+}
+
 impl State {
     pub fn to_saved(&self) -> Saved {
         Saved {
@@ -554,12 +571,11 @@ impl State {
     }
 
     /// The state a file holds, within `limits`.
-    pub fn from_saved(saved: Saved, limits: &Limits) -> Result<State, String> {
+    pub fn from_saved(saved: Saved, limits: &Limits) -> Result<State, StateFileError> {
         if saved.version != STATE_VERSION {
-            return Err(format!(
-                "unsupported state file version {} (expected {STATE_VERSION})",
-                saved.version
-            ));
+            return Err(StateFileError::Version {
+                found: saved.version,
+            });
         }
         let mut state = State {
             unknown: saved.unknown,
@@ -569,7 +585,7 @@ impl State {
             let key = match (r.oid, r.name) {
                 (Some(o), _) => RoleKey::Oid(o),
                 (None, Some(n)) => RoleKey::Name(clip(&n).to_string()),
-                (None, None) => return Err("a role row has neither oid nor name".into()),
+                (None, None) => return Err(StateFileError::RoleWithoutKey),
             };
             state.roles.insert(key, r.counters);
         }

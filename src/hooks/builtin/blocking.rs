@@ -9,7 +9,7 @@
 //! (default: reject).
 
 use super::{now_ms, timestamp, Millis, Table};
-use crate::config::{BlockAction, BlockRuleConfig, BlockingConfig, MaintenanceConfig};
+use crate::config::{BlockAction, BlockRuleConfig, BlockingConfig, ConfigIssue, MaintenanceConfig};
 use crate::hooks::query::QueryPool;
 use crate::hooks::roles::{RoleCache, RoleGraph};
 use crate::hooks::{ClientInfo, ConnectionCtx, Event, Hook, HookError, Rejection};
@@ -83,17 +83,17 @@ pub struct Blocking {
 impl Blocking {
     pub const NAME: &'static str = "blocking";
 
-    /// Compiles `blocking:`. Errors are (key, message). `member_of` needs
+    /// Compiles `blocking:`; an error names the key. `member_of` needs
     /// `hooks.query`, the connection the role graph is read through.
     pub fn from_config(
         config: &BlockingConfig,
         roles: Arc<RoleCache>,
         query: Arc<QueryPool>,
-    ) -> Result<Blocking, (String, String)> {
+    ) -> Result<Blocking, ConfigIssue> {
         let needs_query = |key: String| {
-            (
+            ConfigIssue::new(
                 key,
-                "member_of needs hooks.query (a database and user through which usher reads role memberships from the server)".to_string(),
+                "member_of needs hooks.query (a database and user through which usher reads role memberships from the server)",
             )
         };
         let mut rules = Vec::new();
@@ -105,7 +105,7 @@ impl Blocking {
             }
             let rule = compile(r, i, &key)?;
             if !names.insert(rule.name.clone()) {
-                return Err((
+                return Err(ConfigIssue::new(
                     format!("{key}.name"),
                     format!("rule name \"{}\" is used twice", rule.name),
                 ));
@@ -309,7 +309,7 @@ impl Rule {
     }
 }
 
-fn compile(r: &BlockRuleConfig, i: usize, key: &str) -> Result<Rule, (String, String)> {
+fn compile(r: &BlockRuleConfig, i: usize, key: &str) -> Result<Rule, ConfigIssue> {
     let globs = |v: &[String]| v.iter().map(|s| WildMatch::new(s)).collect::<Vec<_>>();
     let mut addresses = Vec::new();
     for (j, a) in r.addresses.iter().enumerate() {
@@ -317,7 +317,7 @@ fn compile(r: &BlockRuleConfig, i: usize, key: &str) -> Result<Rule, (String, St
             .parse::<IpNet>()
             .or_else(|_| a.parse::<IpAddr>().map(IpNet::from))
             .map_err(|_| {
-                (
+                ConfigIssue::new(
                     format!("{key}.addresses[{j}]"),
                     format!("expected a CIDR (10.0.0.0/8) or an address, got `{a}`"),
                 )
@@ -367,7 +367,7 @@ fn compile(r: &BlockRuleConfig, i: usize, key: &str) -> Result<Rule, (String, St
 
 /// A SQLSTATE for an error: five digits or capital letters, not of the
 /// success, warning or no-data classes.
-fn sqlstate_of(given: Option<&str>, default: &str, key: &str) -> Result<String, (String, String)> {
+fn sqlstate_of(given: Option<&str>, default: &str, key: &str) -> Result<String, ConfigIssue> {
     let Some(s) = given else {
         return Ok(default.to_string());
     };
@@ -378,8 +378,8 @@ fn sqlstate_of(given: Option<&str>, default: &str, key: &str) -> Result<String, 
     if valid {
         Ok(s.to_string())
     } else {
-        Err((
-            key.to_string(),
+        Err(ConfigIssue::new(
+            key,
             format!("expected an error SQLSTATE of five digits or capital letters (e.g. 28000), got `{s}`"),
         ))
     }
@@ -439,7 +439,7 @@ mod tests {
     use std::collections::HashMap;
     use std::time::Duration;
 
-    fn blocking(yaml: &str, with_query: bool) -> Result<Blocking, (String, String)> {
+    fn blocking(yaml: &str, with_query: bool) -> Result<Blocking, ConfigIssue> {
         let c = Config::from_yaml(yaml, "b.yaml").unwrap();
         let query = QueryPool::new(
             with_query.then(tokio_postgres::Config::new),
@@ -546,8 +546,8 @@ blocking:
             ("blocking: { rules: [ { action: deny, sqlstate: 28p01 } ] }", true, "blocking.rules[0].sqlstate"),
             ("blocking: { rules: [ { name: a, action: deny }, { name: a, action: allow } ] }", true, "blocking.rules[1].name"),
         ] {
-            let (k, m) = blocking(yaml, with_query).unwrap_err();
-            assert_eq!(k, key, "{yaml}: {m}");
+            let issue = blocking(yaml, with_query).unwrap_err();
+            assert_eq!(issue.key, key, "{yaml}: {issue}");
         }
         assert!(blocking(
             "blocking: { rules: [ { action: deny, member_of: x } ] }",

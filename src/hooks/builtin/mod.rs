@@ -71,13 +71,8 @@ impl Builtins {
         roles: &Arc<RoleCache>,
         query: &Arc<QueryPool>,
     ) -> Result<Blocking, ConfigError> {
-        Blocking::from_config(&config.blocking, roles.clone(), query.clone()).map_err(
-            |(key, message)| ConfigError {
-                file: config.source.clone(),
-                key,
-                message,
-            },
-        )
+        Blocking::from_config(&config.blocking, roles.clone(), query.clone())
+            .map_err(|issue| issue.in_file(&config.source))
     }
 
     /// The built-ins that have work to do, in calling order: blocking, then

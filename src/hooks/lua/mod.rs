@@ -141,10 +141,10 @@ pub fn check(
         })
         .collect();
     if errors.is_empty() {
-        if let Err(message) = Vm::new(sources, &settings.dir, settings.memory_limit, services) {
+        if let Err(e) = Vm::new(sources, &settings.dir, settings.memory_limit, services) {
             errors.push(LoadError {
                 file: settings.dir.display().to_string(),
-                message,
+                message: e.to_string(),
             });
         }
     }
@@ -170,10 +170,10 @@ impl LuaEngine {
             settings.memory_limit,
             services.clone(),
         )
-        .map_err(|message| {
+        .map_err(|e| {
             vec![LoadError {
                 file: settings.dir.display().to_string(),
-                message,
+                message: e.to_string(),
             }]
         })?;
         let events = (0..sources.len())
@@ -220,7 +220,7 @@ impl LuaEngine {
             self.settings.memory_limit,
             self.services.clone(),
         )
-        .map_err(HookError::Failed)
+        .map_err(|e| HookError::Failed(e.to_string()))
     }
 
     fn checkin(&self, vm: Vm) {

@@ -84,6 +84,18 @@ pub struct HookSource {
     pub code: String,
 }
 
+/// Why a VM could not be built: a hook file failed to run (its error names
+/// the file and line), or usher's own set-up failed.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum VmError {
+    #[error(transparent)]
+    Lua(#[from] mlua::Error),
+    #[error("building the sandbox: {0}")]
+    Sandbox(mlua::Error),
+    #[error("prelude: {0}")]
+    Prelude(mlua::Error),
+}
+
 /// A VM and, per hook file, the environment its globals (handlers) live in.
 pub(super) struct Vm {
     pub lua: Lua,
@@ -100,7 +112,7 @@ impl Vm {
         dir: &Path,
         memory_limit: usize,
         services: Arc<LuaServices>,
-    ) -> Result<Vm, String> {
+    ) -> Result<Vm, VmError> {
         let lua = Lua::new_with(
             StdLib::TABLE
                 | StdLib::STRING
@@ -110,8 +122,7 @@ impl Vm {
                 | StdLib::OS,
             // Reuse coroutines for call_async instead of creating one per call.
             LuaOptions::new().thread_pool_size(8),
-        )
-        .map_err(|e| e.to_string())?;
+        )?;
         // The budget hook comes first: threads mlua creates before it is set
         // would run without it.
         lua.set_app_data(Budget::new());
@@ -128,35 +139,30 @@ impl Vm {
                 }
                 Ok(VmState::Continue)
             },
-        )
-        .map_err(|e| e.to_string())?;
-        let base =
-            sandbox(&lua, dir, services).map_err(|e| format!("building the sandbox: {e}"))?;
+        )?;
+        let base = sandbox(&lua, dir, services).map_err(VmError::Sandbox)?;
         let (_ctx_meta, ctx_build, ctx_summarize): (Table, Function, Function) = lua
             .load(include_str!("prelude.lua"))
             .set_name("=usher prelude")
             .set_environment(base.clone())
             .eval()
-            .map_err(|e| format!("prelude: {e}"))?;
+            .map_err(VmError::Prelude)?;
         // Limit memory only once the sandbox exists, so the limit bounds what
         // hooks allocate rather than usher's own set-up.
         let mut files = Vec::with_capacity(sources.len());
         for source in sources {
-            let env = lua.create_table().map_err(|e| e.to_string())?;
-            let meta = lua.create_table().map_err(|e| e.to_string())?;
-            meta.set("__index", base.clone())
-                .map_err(|e| e.to_string())?;
-            env.set_metatable(Some(meta)).map_err(|e| e.to_string())?;
+            let env = lua.create_table()?;
+            let meta = lua.create_table()?;
+            meta.set("__index", base.clone())?;
+            env.set_metatable(Some(meta))?;
             lua.load(&source.code)
                 .set_name(format!("@{}", source.path.display()))
                 .set_mode(ChunkMode::Text)
                 .set_environment(env.clone())
-                .exec()
-                .map_err(|e| e.to_string())?;
+                .exec()?;
             files.push(env);
         }
-        lua.set_memory_limit(lua.used_memory() + memory_limit)
-            .map_err(|e| e.to_string())?;
+        lua.set_memory_limit(lua.used_memory() + memory_limit)?;
         Ok(Vm {
             lua,
             files,

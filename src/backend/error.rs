@@ -1,0 +1,263 @@
+//! What can go wrong talking to a server, as the backend sees it. No text
+//! here is meant for a client: the frontend turns these into `PgError`s
+//! (frontend/mod.rs) and the auth query into its own answer. Each error
+//! names the SQLSTATE class it belongs to (`sqlstate()`), so the edge
+//! does not have to guess.
+
+use crate::protocol::error::sqlstate;
+use std::fmt;
+use std::io;
+use std::time::Duration;
+
+/// A server's ErrorResponse: its fields, as the server sent them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerError {
+    /// FATAL or PANIC: the server ends the connection.
+    pub fatal: bool,
+    pub code: String,
+    pub message: String,
+    pub detail: Option<String>,
+    pub hint: Option<String>,
+}
+
+impl fmt::Display for ServerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} (SQLSTATE {})", self.message, self.code)
+    }
+}
+
+/// The connection to a server broke under a read or a write.
+#[derive(Debug)]
+pub enum WireError {
+    /// Reading or writing the socket failed.
+    Lost(io::Error),
+    /// The server closed the connection.
+    Closed,
+    /// The server sent something that is not a backend message.
+    Malformed(String),
+}
+
+impl WireError {
+    pub fn sqlstate(&self) -> &'static str {
+        match self {
+            WireError::Lost(_) | WireError::Closed => sqlstate::CONNECTION_FAILURE,
+            WireError::Malformed(_) => sqlstate::PROTOCOL_VIOLATION,
+        }
+    }
+}
+
+impl fmt::Display for WireError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WireError::Lost(e) => write!(f, "server connection failed: {e}"),
+            WireError::Closed => f.write_str("server closed the connection unexpectedly"),
+            WireError::Malformed(e) => write!(f, "bad message from server: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for WireError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            WireError::Lost(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// The step of setting up TLS with a server that failed.
+#[derive(Debug)]
+pub enum TlsStep {
+    /// Writing the SSLRequest failed.
+    Request(io::Error),
+    /// Reading the server's one-byte answer failed.
+    Answer(io::Error),
+    /// The server answered `N` and the database's `tls` requires TLS.
+    Refused { mode: String },
+    /// The answer was neither `S` nor `N`.
+    BadAnswer,
+    /// The TLS handshake failed (certificate, name, protocol).
+    Handshake(io::Error),
+}
+
+/// Why opening and logging in to a server connection failed.
+#[derive(Debug)]
+pub enum ConnectError {
+    /// The whole connect and login took longer than `server_connect_timeout`.
+    Timeout {
+        host: String,
+        port: u16,
+        after: Duration,
+    },
+    /// No TCP connection to the server.
+    Unreachable {
+        host: String,
+        port: u16,
+        source: io::Error,
+    },
+    /// TLS with the server could not be set up.
+    Tls {
+        host: String,
+        port: u16,
+        step: TlsStep,
+    },
+    /// The connection broke during the login.
+    Wire(WireError),
+    /// The server refused the login with an ErrorResponse.
+    Refused(ServerError),
+    /// The server asked for a kind of secret usher does not have for the user.
+    NoSecret {
+        user: String,
+        /// What the server asked for ("an md5 password"...).
+        asked: &'static str,
+        /// What usher has ("none", "only an md5 hash"...).
+        has: &'static str,
+    },
+    /// The server offers no SASL mechanism usher supports.
+    NoSaslMechanism,
+    /// SCRAM pass-through (from a client's keys) failed.
+    ScramPassThrough { user: String, why: String },
+    /// The server broke the login protocol (unexpected message, bad SCRAM).
+    Protocol(String),
+    /// A login message could not be encoded (a NUL in a name...).
+    Encode(io::Error),
+}
+
+impl ConnectError {
+    /// The SQLSTATE a client is given for this failure.
+    pub fn sqlstate(&self) -> &str {
+        match self {
+            ConnectError::Timeout { .. } | ConnectError::Unreachable { .. } => {
+                sqlstate::CONNECTION_FAILURE
+            }
+            ConnectError::Tls {
+                step: TlsStep::BadAnswer,
+                ..
+            } => sqlstate::PROTOCOL_VIOLATION,
+            ConnectError::Tls { .. } => sqlstate::CONNECTION_FAILURE,
+            ConnectError::Wire(e) => e.sqlstate(),
+            ConnectError::Refused(e) => &e.code,
+            ConnectError::NoSecret { .. } | ConnectError::ScramPassThrough { .. } => {
+                sqlstate::INVALID_PASSWORD
+            }
+            ConnectError::NoSaslMechanism => sqlstate::FEATURE_NOT_SUPPORTED,
+            ConnectError::Protocol(_) => sqlstate::PROTOCOL_VIOLATION,
+            ConnectError::Encode(_) => sqlstate::INTERNAL_ERROR,
+        }
+    }
+}
+
+impl fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConnectError::Timeout { host, port, after } => write!(
+                f,
+                "could not connect to server {host}:{port} within {:.1}s",
+                after.as_secs_f64()
+            ),
+            ConnectError::Unreachable { host, port, source } => {
+                write!(f, "could not connect to server {host}:{port}: {source}")
+            }
+            ConnectError::Tls { host, port, step } => match step {
+                TlsStep::Request(e) => {
+                    write!(f, "could not send SSL negotiation to {host}:{port}: {e}")
+                }
+                TlsStep::Answer(e) => {
+                    write!(f, "no answer to SSL negotiation from {host}:{port}: {e}")
+                }
+                TlsStep::Refused { mode } => write!(
+                    f,
+                    "server {host}:{port} does not support SSL, but tls is {mode}"
+                ),
+                TlsStep::BadAnswer => write!(
+                    f,
+                    "server {host}:{port} sent an invalid answer to SSL negotiation"
+                ),
+                TlsStep::Handshake(e) => write!(f, "TLS with server {host}:{port} failed: {e}"),
+            },
+            ConnectError::Wire(e) => e.fmt(f),
+            ConnectError::Refused(e) => f.write_str(&e.message),
+            ConnectError::NoSecret { user, asked, has } => write!(
+                f,
+                "server asked for {asked} for user \"{user}\" and usher has {has}"
+            ),
+            ConnectError::NoSaslMechanism => {
+                f.write_str("server offers no SASL mechanism usher supports")
+            }
+            ConnectError::ScramPassThrough { user, why } => {
+                write!(f, "SCRAM pass-through for user \"{user}\" failed: {why}")
+            }
+            ConnectError::Protocol(what) => write!(f, "server login: {what}"),
+            ConnectError::Encode(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for ConnectError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ConnectError::Unreachable { source, .. } => Some(source),
+            ConnectError::Tls {
+                step: TlsStep::Request(e) | TlsStep::Answer(e) | TlsStep::Handshake(e),
+                ..
+            } => Some(e),
+            ConnectError::Wire(e) => Some(e),
+            ConnectError::Encode(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<WireError> for ConnectError {
+    fn from(e: WireError) -> Self {
+        ConnectError::Wire(e)
+    }
+}
+
+/// Why a statement usher ran on a server connection (a reset, a parameter
+/// sync, a check) failed.
+#[derive(Debug)]
+pub enum QueryError {
+    /// The server answered with an error; the connection is ready again.
+    Server(ServerError),
+    /// The connection broke.
+    Wire(WireError),
+    /// The statement could not be encoded (a NUL in it...).
+    Encode(String),
+}
+
+impl QueryError {
+    /// The SQLSTATE of the failure: the server's own, or usher's.
+    pub fn sqlstate(&self) -> &str {
+        match self {
+            QueryError::Server(e) => &e.code,
+            QueryError::Wire(e) => e.sqlstate(),
+            QueryError::Encode(_) => sqlstate::INTERNAL_ERROR,
+        }
+    }
+}
+
+impl fmt::Display for QueryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            QueryError::Server(e) => f.write_str(&e.message),
+            QueryError::Wire(e) => e.fmt(f),
+            QueryError::Encode(e) => f.write_str(e),
+        }
+    }
+}
+
+impl std::error::Error for QueryError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            QueryError::Wire(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<WireError> for QueryError {
+    fn from(e: WireError) -> Self {
+        QueryError::Wire(e)
+    }
+}

@@ -724,4 +724,41 @@ mod tests {
             "a skipped Parse is not on the server"
         );
     }
+
+    #[test]
+    fn settings_settle_once_the_transaction_is_over() {
+        let mut h = Harness::new(PoolMode::Transaction, false);
+        let done = |tag: &[u8]| cat(&[msg(backend::COMMAND_COMPLETE, tag), ready(status::IDLE)]);
+        h.client(&msg(frontend::QUERY, b"SELECT 1\0"));
+        h.server(&done(b"SELECT 1\0"));
+        assert!(!h.flow.settings_to_settle(), "a SELECT changes nothing");
+        // In a block: only once it ends (a rollback is read back too).
+        h.client(&msg(frontend::QUERY, b"BEGIN; SET search_path = a\0"));
+        h.server(&cat(&[
+            msg(backend::COMMAND_COMPLETE, b"BEGIN\0"),
+            msg(backend::COMMAND_COMPLETE, b"SET\0"),
+            ready(status::IN_TRANSACTION),
+        ]));
+        assert!(!h.flow.settings_to_settle(), "not while the block is open");
+        h.client(&msg(frontend::QUERY, b"ROLLBACK\0"));
+        h.server(&done(b"ROLLBACK\0"));
+        assert!(h.flow.settings_to_settle());
+        assert!(h.flow.settled().is_empty());
+        assert!(!h.flow.settings_to_settle(), "settled");
+        // The extended protocol: the Parse's text; custom names are kept.
+        h.client(&cat(&[
+            msg(frontend::PARSE, b"\0SET myapp.tenant = 'a'\0\0\0"),
+            msg(frontend::BIND, b"\0\0\0\0\0\0\0\0"),
+            msg(frontend::EXECUTE, b"\0\0\0\0\0"),
+        ]));
+        assert!(!h.flow.settings_to_settle(), "not before its Sync");
+        h.client(&msg(frontend::SYNC, b""));
+        h.server(&cat(&[
+            msg(backend::PARSE_COMPLETE, b""),
+            msg(backend::BIND_COMPLETE, b""),
+            done(b"SET\0"),
+        ]));
+        assert!(h.flow.settings_to_settle());
+        assert_eq!(h.flow.settled(), ["myapp.tenant"]);
+    }
 }

@@ -393,3 +393,47 @@ async fn session_settings_follow_each_client_on_a_shared_server() {
     }
     assert_eq!(pid(&a).await, pid(&b).await);
 }
+
+/// DDL that changes a statement's result type makes the server's copy
+/// stale ("cached plan must not change result type", 0A000). The first
+/// client to meet it gets that error, as a client of its own statement
+/// would directly; from then on no client's Parse of that text is matched
+/// to the stale server statement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_made_stale_by_ddl_is_prepared_anew() {
+    let pg = PgCluster::shared();
+    let setup = "DROP TABLE IF EXISTS stale_shape; CREATE TABLE stale_shape (a int); \
+                 INSERT INTO stale_shape VALUES (1); GRANT ALL ON stale_shape TO alice";
+    pg.psql_super_db("app", setup);
+    let usher = Usher::start(pg, "pool_mode: transaction\npool_size: 1\n").await;
+    let sql = "SELECT * FROM stale_shape";
+    let first = usher.alice().await;
+    let stmt = first.prepare(sql).await.unwrap();
+    assert_eq!(first.query(&stmt, &[]).await.unwrap()[0].len(), 1);
+    pg.psql_super_db(
+        "app",
+        "DROP TABLE stale_shape; CREATE TABLE stale_shape (a int, b text); \
+         INSERT INTO stale_shape VALUES (1, 'x'); GRANT ALL ON stale_shape TO alice",
+    );
+    // The first use after the DDL may fail with 0A000 (it does directly,
+    // for a statement prepared before it).
+    let meets_it = usher.alice().await;
+    if let Ok(stmt) = meets_it.prepare(sql).await {
+        if let Err(e) = meets_it.query(&stmt, &[]).await {
+            assert_eq!(sqlstate(&e).as_deref(), Some("0A000"), "{e:?}");
+        }
+    }
+    // After it, every client's Parse gets the new shape.
+    for round in 0..3 {
+        let c = usher.alice().await;
+        let stmt = c.prepare(sql).await.unwrap();
+        let rows = c
+            .query(&stmt, &[])
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: {e:?}"));
+        assert_eq!(rows[0].len(), 2, "round {round}");
+    }
+    // The first client prepares again and is fine too.
+    let stmt = first.prepare(sql).await.unwrap();
+    assert_eq!(first.query(&stmt, &[]).await.unwrap()[0].len(), 2);
+}

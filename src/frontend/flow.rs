@@ -23,6 +23,10 @@ use crate::protocol::tags::{backend, frontend, status};
 /// Server ErrorResponses up to this size are read whole for their SQLSTATE.
 pub const ERROR_BODY_LIMIT: usize = 64 * 1024;
 
+/// The SQLSTATE of "cached plan must not change result type" (also used
+/// for other unsupported features: a false alarm costs a re-prepare).
+const STALE_STATEMENT: &[u8] = b"0A000";
+
 /// Query and Parse messages up to this size are read whole, so their SQL
 /// can be scanned for what it does to the session (`sql_scan`); larger
 /// ones stream, and count as changing anything.
@@ -65,7 +69,10 @@ pub enum Note {
     /// prepared statements (DISCARD ALL: and reset its settings).
     StatementsDropped { discard_all: bool },
     /// An ErrorResponse with this SQLSTATE (empty if it was not read).
-    Error { code: Vec<u8> },
+    /// `stale`: usher's server statements it may be about, when it says
+    /// a statement is stale (0A000, "cached plan must not change result
+    /// type", after DDL).
+    Error { code: Vec<u8>, stale: Vec<u64> },
     /// A transaction ended (ReadyForQuery 'I' with nothing more owed).
     TransactionDone,
 }
@@ -262,8 +269,15 @@ impl Flow {
             }
             backend::ERROR_RESPONSE => {
                 self.server_fatal |= messages::error_is_fatal(body);
+                let code = messages::error_code(body).unwrap_or_default();
+                let stale = if self.rewriting && code == STALE_STATEMENT {
+                    self.plan.take_used()
+                } else {
+                    Vec::new()
+                };
                 note = Some(Note::Error {
-                    code: messages::error_code(body).unwrap_or_default().to_vec(),
+                    code: code.to_vec(),
+                    stale,
                 });
                 ServerStep::Forward
             }
@@ -521,7 +535,8 @@ mod tests {
         assert_eq!(
             got[0].1,
             Some(Note::Error {
-                code: b"42601".to_vec()
+                code: b"42601".to_vec(),
+                stale: vec![]
             })
         );
         assert_eq!(steps(&got), [Forward, Forward]);

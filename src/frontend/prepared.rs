@@ -60,6 +60,23 @@ impl StatementRegistry {
             .or_insert_with(|| self.next.fetch_add(1, Ordering::Relaxed) + 1)
     }
 
+    /// Statement `stale` (of this definition) is stale on the server (DDL
+    /// changed its result type): its definition gets a new id, so no
+    /// Parse of it is matched to the stale server statement again.
+    /// Returns the definition's id now (a new one, or one another client
+    /// already renewed it to).
+    fn renew(&self, definition: &[u8], stale: u64) -> u64 {
+        let key: [u8; 32] = Sha256::digest(definition).into();
+        let mut id = self
+            .ids
+            .entry(key)
+            .or_insert_with(|| self.next.fetch_add(1, Ordering::Relaxed) + 1);
+        if *id == stale {
+            *id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+        }
+        *id
+    }
+
     /// Distinct statements remembered now.
     pub fn len(&self) -> usize {
         self.ids.len()
@@ -93,6 +110,17 @@ impl ClientStatements {
     /// DISCARD ALL / DEALLOCATE ALL: the client's statements are gone.
     pub fn clear(&mut self) {
         self.by_name.clear();
+    }
+
+    /// The server said statements `stale` are stale (DDL changed their
+    /// result type): the client's statements of those ids take new ids,
+    /// prepared afresh where they are next used.
+    pub fn renew(&mut self, stale: &[u64], registry: &StatementRegistry) {
+        for stmt in self.by_name.values_mut() {
+            if stale.contains(&stmt.id) {
+                stmt.id = registry.renew(&stmt.definition, stmt.id);
+            }
+        }
     }
 
     /// Statements the client has now (SHOW CLIENTS' prepared_statements).
@@ -130,6 +158,9 @@ enum Expect {
 pub struct ResponsePlan {
     /// (Syncs sent before it, what to do with its answer).
     owed: VecDeque<(u64, Expect)>,
+    /// Server statements bound or described since the last ReadyForQuery:
+    /// those an error may be about.
+    used: Vec<u64>,
     syncs_sent: u64,
     ready_seen: u64,
 }
@@ -152,6 +183,7 @@ impl ResponsePlan {
     /// ReadyForQuery: whatever was owed for that Sync will not come.
     pub fn ready(&mut self, prepared: &mut PreparedSet) {
         self.ready_seen += 1;
+        self.used.clear();
         self.forget_stale(prepared);
     }
 
@@ -166,6 +198,12 @@ impl ResponsePlan {
                 prepared.pop(&id);
             }
         }
+    }
+
+    /// The server statements an error since the last ReadyForQuery may be
+    /// about.
+    pub fn take_used(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.used)
     }
 
     /// The server sent ParseComplete ('1') or CloseComplete ('3').
@@ -296,6 +334,9 @@ impl Rewriter<'_> {
         if self.prepared.get(&stmt.id).is_none() {
             self.parse_on_server(stmt.id, &stmt.definition, false, out);
         }
+        if !self.plan.used.contains(&stmt.id) {
+            self.plan.used.push(stmt.id);
+        }
         server_name(stmt.id)
     }
 
@@ -368,5 +409,36 @@ mod tests {
         assert_eq!(a, b);
         assert_ne!(a, c);
         assert_eq!(r.len(), 2);
+    }
+
+    #[test]
+    fn a_stale_statement_is_renewed_once_for_everyone() {
+        let r = StatementRegistry::default();
+        let def = b"select * from t\0\0\0";
+        let old = r.id_for(def);
+        let mut plan = ResponsePlan::default();
+        let mut prepared = PreparedSet::unbounded();
+        let mut mine = ClientStatements::default();
+        let mut theirs = ClientStatements::default();
+        let mut out = BytesMut::new();
+        for client in [&mut mine, &mut theirs] {
+            let mut w = Rewriter {
+                registry: &r,
+                statements: client,
+                prepared: &mut prepared,
+                plan: &mut plan,
+            };
+            w.rewrite(frontend::PARSE, b"s\0select * from t\0\0\0", &mut out)
+                .unwrap();
+            w.rewrite_bind_head("", "s", 4, &mut out);
+        }
+        let used = plan.take_used();
+        assert_eq!(used, [old], "the statement bound is what an error is about");
+        mine.renew(&used, &r);
+        let new = mine.by_name["s"].id;
+        assert_ne!(new, old);
+        assert_eq!(r.id_for(def), new, "a later Parse gets the new id");
+        theirs.renew(&used, &r);
+        assert_eq!(theirs.by_name["s"].id, new, "renewed once, shared again");
     }
 }

@@ -659,7 +659,15 @@ impl Session {
                     server.forget_unreported(&self.defaults);
                 }
             }
-            Note::Error { code } => metrics::count_error(ErrorSource::Server, &code),
+            Note::Error { code, stale } => {
+                metrics::count_error(ErrorSource::Server, &code);
+                if !stale.is_empty() {
+                    // DDL made usher's shared statements stale: this
+                    // client's take new ids (prepared afresh where next
+                    // used), and so does every later Parse of their text.
+                    self.statements.renew(&stale, &self.deps.statements);
+                }
+            }
             Note::TransactionDone => self.pool.stats.transaction_done(),
         }
     }

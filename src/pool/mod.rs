@@ -12,6 +12,9 @@
 //! - PAUSE/RESUME: a paused pool lends nothing, clients wait for RESUME;
 //! - RECONNECT (and a changed server address): a new generation; idle
 //!   connections of older ones are closed now, lent ones when they return.
+//!
+//! The bookkeeping of all that is `slots.rs` (generic over the connection,
+//! no I/O, unit-tested without a server); this file adds what needs one.
 
 mod registry;
 mod slots;
@@ -31,7 +34,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Server connections for one (database, user): the bookkeeping of
-/// [`slots`] (permits, idle list, generations, pause, waiting) plus
+/// `slots.rs` (permits, idle list, generations, pause, waiting) plus
 /// opening, vetting and resetting server connections.
 #[derive(Debug)]
 pub struct Pool {

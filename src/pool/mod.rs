@@ -12,45 +12,39 @@
 //! - PAUSE/RESUME: a paused pool lends nothing, clients wait for RESUME;
 //! - RECONNECT (and a changed server address): a new generation; idle
 //!   connections of older ones are closed now, lent ones when they return.
+//!
+//! The bookkeeping of all that is `slots.rs` (generic over the connection,
+//! no I/O, unit-tested without a server); this file adds what needs one.
 
 mod registry;
+mod slots;
 mod stats;
 
 pub use registry::Pools;
 pub use stats::PoolStats;
 
-use stats::{Lent, Waiting};
+use slots::{Lease, NoSlot, Pooled, Slots};
 
 use crate::backend::{self, ConnectError, ServerConn, ServerTarget};
 use crate::config::{PoolLimits, PoolMode};
 use arc_swap::ArcSwap;
-use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use std::time::{Duration, Instant};
 
-/// Server connections for one (database, user).
+/// Server connections for one (database, user): the bookkeeping of
+/// `slots.rs` (permits, idle list, generations, pause, waiting) plus
+/// opening, vetting and resetting server connections.
 #[derive(Debug)]
 pub struct Pool {
     pub database: String,
     pub user: String,
-    settings: ArcSwap<PoolLimits>,
     target: ArcSwap<ServerTarget>,
-    idle: Mutex<Vec<ServerConn>>,
-    permits: Arc<Semaphore>,
-    /// Permits to take out of circulation as they come back, after
-    /// `pool_size` shrank below the connections lent out.
-    owed: Arc<AtomicUsize>,
-    /// Connections of an older generation are closed, not reused.
-    generation: AtomicU64,
-    paused: AtomicBool,
-    resumed: Notify,
+    slots: Slots<ServerConn>,
     /// ParameterStatus values of the first server connection: what clients
     /// are told at login.
     server_params: OnceLock<Arc<HashMap<String, String>>>,
-    /// Shared with the checkouts, which count themselves (see [`Lent`]).
+    /// Shared with the checkouts, which count themselves (see [`stats::Lent`]).
     pub stats: Arc<PoolStats>,
 }
 
@@ -67,8 +61,7 @@ pub struct IdleServer {
 #[derive(Debug)]
 pub struct Checkout {
     pub conn: ServerConn,
-    _permit: Permit,
-    _lent: Lent,
+    lease: Lease,
 }
 
 /// Why a checkout gave no server connection. The pool says what happened;
@@ -92,24 +85,21 @@ pub enum CheckoutError {
     Connect(ConnectError),
 }
 
-/// A semaphore permit that is forgotten instead of returned while the pool
-/// owes permits (it shrank).
-#[derive(Debug)]
-struct Permit {
-    permit: Option<OwnedSemaphorePermit>,
-    owed: Arc<AtomicUsize>,
-}
-
-impl Drop for Permit {
-    fn drop(&mut self) {
-        let owed = self
-            .owed
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
-        if owed.is_ok() {
-            if let Some(p) = self.permit.take() {
-                p.forget();
-            }
-        }
+impl Pooled for ServerConn {
+    fn id(&self) -> u64 {
+        ServerConn::id(self)
+    }
+    fn generation(&self) -> u64 {
+        ServerConn::generation(self)
+    }
+    fn created(&self) -> Instant {
+        ServerConn::created(self)
+    }
+    fn last_used(&self) -> Instant {
+        ServerConn::last_used(self)
+    }
+    fn touch(&mut self) {
+        ServerConn::touch(self)
     }
 }
 
@@ -119,14 +109,8 @@ impl Pool {
         Pool {
             database,
             user,
-            permits: Arc::new(Semaphore::new(settings.size)),
-            settings: ArcSwap::from_pointee(settings),
+            slots: Slots::new(settings, stats.clone()),
             target: ArcSwap::from_pointee(target),
-            owed: Arc::new(AtomicUsize::new(0)),
-            generation: AtomicU64::new(0),
-            paused: AtomicBool::new(false),
-            resumed: Notify::new(),
-            idle: Mutex::new(Vec::new()),
             server_params: OnceLock::new(),
             stats,
         }
@@ -135,11 +119,11 @@ impl Pool {
     /// The pool's settings now (they change on reload). A cheap guard:
     /// read what is needed and let it go, do not hold it across awaits.
     pub fn settings(&self) -> arc_swap::Guard<Arc<PoolLimits>> {
-        self.settings.load()
+        self.slots.settings()
     }
 
     pub fn mode(&self) -> PoolMode {
-        self.settings.load().mode
+        self.slots.settings().mode
     }
 
     /// Offers the credential a client's login yielded to the server target.
@@ -151,10 +135,9 @@ impl Pool {
     /// resizes the pool; a new server address (`target`) starts a new
     /// generation of connections.
     pub fn apply(&self, settings: PoolLimits, target: Option<ServerTarget>) {
-        let old = self.settings.swap(Arc::new(settings));
-        let new_size = self.settings.load().size;
+        let new_size = settings.size;
+        let old = self.slots.apply(settings);
         if new_size != old.size {
-            self.resize(old.size, new_size);
             tracing::info!(db = %self.database, user = %self.user, from = old.size, to = new_size, "pool_size changed");
         }
         if let Some(mut target) = target {
@@ -164,94 +147,47 @@ impl Pool {
             self.reconnect();
             tracing::info!(db = %self.database, user = %self.user, "server address changed; reconnecting");
         }
-        self.trim_idle();
-    }
-
-    fn resize(&self, from: usize, to: usize) {
-        if to > from {
-            let mut grow = to - from;
-            // Cancel permits still owed from an earlier shrink first.
-            let _ = self
-                .owed
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |owed| {
-                    let cancel = owed.min(to - from);
-                    grow = to - from - cancel;
-                    Some(owed - cancel)
-                });
-            self.permits.add_permits(grow);
-        } else {
-            let shrink = from - to;
-            let taken = self.permits.forget_permits(shrink);
-            // Lent connections give theirs back later: forget those then.
-            self.owed.fetch_add(shrink - taken, Ordering::AcqRel);
-        }
     }
 
     /// RECONNECT: idle connections close now; lent ones when they come back.
     pub fn reconnect(&self) {
-        self.generation.fetch_add(1, Ordering::AcqRel);
-        self.close_idle();
+        self.slots.new_generation();
     }
 
     /// PAUSE: nothing more is lent until [`Pool::resume`]; clients wait.
     pub fn pause(&self) {
-        self.paused.store(true, Ordering::Release);
+        self.slots.pause();
     }
 
     pub fn resume(&self) {
-        self.paused.store(false, Ordering::Release);
-        self.resumed.notify_waiters();
+        self.slots.resume();
     }
 
     pub fn is_paused(&self) -> bool {
-        self.paused.load(Ordering::Acquire)
+        self.slots.is_paused()
     }
 
     /// Waits until no server connection is lent out (after PAUSE), then
     /// closes the idle ones, as PgBouncer does.
     pub async fn drained(&self) {
-        while self.stats.active.load(Ordering::Acquire) > 0 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        self.close_idle();
-    }
-
-    async fn wait_unpaused(&self) {
-        loop {
-            let resumed = self.resumed.notified();
-            tokio::pin!(resumed);
-            resumed.as_mut().enable();
-            if !self.is_paused() {
-                return;
-            }
-            resumed.await;
-        }
-    }
-
-    fn current(&self, conn: &ServerConn) -> bool {
-        conn.generation() == self.generation.load(Ordering::Acquire)
+        self.slots.drained().await;
     }
 
     /// The idle server connections (SHOW SERVERS): each one's summary,
     /// when it was last used, its prepared statements, and whether it is
     /// of an older generation (closed instead of reused).
     pub fn idle_servers(&self) -> Vec<IdleServer> {
-        let generation = self.generation.load(Ordering::Acquire);
-        self.idle
-            .lock()
-            .iter()
-            .map(|c| IdleServer {
-                summary: c.summary().clone(),
-                last_used: c.last_used(),
-                prepared: c.prepared().len(),
-                stale: c.generation() != generation,
-            })
-            .collect()
+        self.slots.describe_idle(|c, stale| IdleServer {
+            summary: c.summary().clone(),
+            last_used: c.last_used(),
+            prepared: c.prepared().len(),
+            stale,
+        })
     }
 
     /// Idle server connections right now.
     pub fn idle_count(&self) -> usize {
-        self.idle.lock().len()
+        self.slots.idle_count()
     }
 
     /// The server's reported parameters, learned from a server connection
@@ -268,40 +204,26 @@ impl Pool {
 
     /// Waits for a server connection: an idle one if any is alive, else a new one.
     pub async fn checkout(&self) -> Result<Checkout, CheckoutError> {
-        let started = std::time::Instant::now();
-        let settings = self.settings.load_full();
-        let waiting = Waiting::new(&self.stats);
-        let permit = tokio::time::timeout(settings.query_wait_timeout, async {
-            self.wait_unpaused().await;
-            self.permits.clone().acquire_owned().await
-        })
-        .await;
-        drop(waiting);
-        self.stats.waited(started.elapsed());
-        let permit = match permit {
-            Ok(Ok(p)) => p,
-            Ok(Err(_)) => return Err(CheckoutError::Closed),
-            Err(_) => {
-                return Err(CheckoutError::NoneFree {
-                    database: self.database.clone(),
-                    user: self.user.clone(),
-                    waited: settings.query_wait_timeout,
-                    pool_size: settings.size,
-                    paused: self.is_paused(),
-                })
-            }
-        };
-        let permit = Permit {
-            permit: Some(permit),
-            owed: self.owed.clone(),
-        };
-        self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
-        while let Some(conn) = self.pop_idle() {
+        let settings = self.slots.settings_full();
+        let slot = self.slots.wait_for_slot().await.map_err(|e| match e {
+            NoSlot::Closed => CheckoutError::Closed,
+            NoSlot::TimedOut {
+                waited,
+                pool_size,
+                paused,
+            } => CheckoutError::NoneFree {
+                database: self.database.clone(),
+                user: self.user.clone(),
+                waited,
+                pool_size,
+                paused,
+            },
+        })?;
+        while let Some(conn) = self.slots.take_idle(Instant::now()) {
             if let Some(conn) = self.vet(conn).await {
                 return Ok(Checkout {
                     conn,
-                    _permit: permit,
-                    _lent: Lent::new(&self.stats),
+                    lease: self.slots.lease(slot),
                 });
             }
         }
@@ -313,14 +235,13 @@ impl Pool {
         tracing::debug!(server = conn.id(), pid = conn.backend_pid(), db = %self.database, user = %self.user, "server connection opened");
         Ok(Checkout {
             conn,
-            _permit: permit,
-            _lent: Lent::new(&self.stats),
+            lease: self.slots.lease(slot),
         })
     }
 
     /// Opens a server connection of the current generation.
     async fn connect(&self, settings: &PoolLimits) -> Result<ServerConn, ConnectError> {
-        let generation = self.generation.load(Ordering::Acquire);
+        let generation = self.slots.generation();
         let target = self.target.load_full();
         let login = self.stats.logging_in();
         let conn = backend::connect(&target, settings.server_connect_timeout).await;
@@ -331,30 +252,11 @@ impl Pool {
         Ok(conn)
     }
 
-    fn pop_idle(&self) -> Option<ServerConn> {
-        let mut idle = self.idle.lock();
-        let conn = idle.pop();
-        self.stats.idle_servers(idle.len());
-        conn
-    }
-
-    fn push_idle(&self, conn: ServerConn) {
-        let mut idle = self.idle.lock();
-        idle.push(conn);
-        self.stats.idle_servers(idle.len());
-    }
-
-    /// Decides whether an idle connection may be handed out: not past its
-    /// lifetime, not closed by the server, and, if it sat idle longer than
+    /// Decides whether an idle connection (of the current generation, not
+    /// past its lifetime: [`Slots::take_idle`]) may be handed out: not
+    /// closed by the server, and, if it sat idle longer than
     /// `server_check_delay`, answering a round trip.
     async fn vet(&self, mut conn: ServerConn) -> Option<ServerConn> {
-        if self.past_lifetime(&conn) {
-            tracing::debug!(server = conn.id(), "server_lifetime reached; closing");
-            return None;
-        }
-        if !self.current(&conn) {
-            return None;
-        }
         if !conn.looks_alive() {
             tracing::info!(
                 server = conn.id(),
@@ -363,11 +265,8 @@ impl Pool {
             );
             return None;
         }
-        let (check_delay, timeout) = {
-            let s = self.settings.load();
-            (s.server_check_delay, s.server_connect_timeout)
-        };
-        if conn.last_used().elapsed() >= check_delay {
+        if self.slots.needs_check(&conn, Instant::now()) {
+            let timeout = self.slots.settings().server_connect_timeout;
             let check = tokio::time::timeout(timeout, conn.simple_query("")).await;
             if !matches!(check, Ok(Ok(()))) {
                 tracing::info!(
@@ -381,31 +280,12 @@ impl Pool {
         Some(conn)
     }
 
-    fn past_lifetime(&self, conn: &ServerConn) -> bool {
-        self.settings
-            .load()
-            .server_lifetime
-            .is_some_and(|l| conn.created().elapsed() >= l)
-    }
-
     /// Returns a clean server connection (idle, not in a transaction) to the
-    /// pool, or closes it if it has outlived `server_lifetime`.
-    pub fn checkin(&self, mut checkout: Checkout) {
-        if self.past_lifetime(&checkout.conn) {
-            tracing::debug!(
-                server = checkout.conn.id(),
-                "server_lifetime reached; closing"
-            );
-            return;
-        }
-        if !self.current(&checkout.conn) || self.is_paused() {
-            tracing::debug!(server = checkout.conn.id(), "reconnect or pause; closing");
-            return;
-        }
-        checkout.conn.touch();
-        self.push_idle(checkout.conn);
-        // The permit (and the active count) drop here, after the connection
-        // is back in the list.
+    /// pool, or closes it if it has outlived `server_lifetime` (or RECONNECT
+    /// or PAUSE came meanwhile).
+    pub fn checkin(&self, checkout: Checkout) {
+        self.slots
+            .checkin(checkout.conn, checkout.lease, Instant::now());
     }
 
     /// Closes a server connection that is not safe to reuse.
@@ -417,7 +297,7 @@ impl Pool {
     /// Session mode: runs `server_reset_query`, then returns the connection,
     /// or closes it if the reset fails.
     pub async fn reset_and_checkin(&self, mut checkout: Checkout) {
-        let query = self.settings.load().server_reset_query.clone();
+        let query = self.slots.settings().server_reset_query.clone();
         if query.is_empty() {
             return self.checkin(checkout);
         }
@@ -440,49 +320,20 @@ impl Pool {
 
     /// Closes every idle connection (shutdown, PAUSE, RECONNECT).
     pub fn close_idle(&self) {
-        let mut idle = self.idle.lock();
-        idle.clear();
-        self.stats.idle_servers(0);
+        self.slots.close_idle();
     }
 
     /// Housekeeping, run periodically: closes idle connections past
     /// `server_idle_timeout` or `server_lifetime` (keeping `min_pool_size`),
     /// then opens connections up to `min_pool_size`.
     pub async fn maintain(&self) {
-        let settings = self.settings.load_full();
-        let min = settings.min_size.min(settings.size);
-        self.trim_idle();
-        {
-            let mut idle = self.idle.lock();
-            let active = self.stats.active.load(Ordering::Relaxed);
-            let idle_timeout = settings.server_idle_timeout;
-            let lifetime = settings.server_lifetime;
-            // Oldest-used first: the LIFO list keeps them at the front.
-            let mut keep = Vec::with_capacity(idle.len());
-            let total = idle.len() + active;
-            let mut closed = 0;
-            for conn in idle.drain(..) {
-                let expired = idle_timeout.is_some_and(|t| conn.last_used().elapsed() >= t)
-                    || lifetime.is_some_and(|l| conn.created().elapsed() >= l);
-                if expired && total - closed > min {
-                    closed += 1;
-                    tracing::debug!(server = conn.id(), "closing idle server connection");
-                } else {
-                    keep.push(conn);
-                }
-            }
-            *idle = keep;
-        }
-        while self.idle_count() + self.stats.active.load(Ordering::Relaxed) < min
-            && !self.is_paused()
-        {
-            let Ok(permit) = self.permits.clone().try_acquire_owned() else {
-                break;
-            };
+        let settings = self.slots.settings_full();
+        self.slots.close_expired(Instant::now());
+        while let Some(slot) = self.slots.slot_for_min_size() {
             match self.connect(&settings).await {
                 Ok(conn) => {
-                    self.push_idle(conn);
-                    drop(permit);
+                    self.slots.add_idle(conn);
+                    drop(slot);
                 }
                 Err(e) => {
                     tracing::warn!(db = %self.database, user = %self.user, code = e.sqlstate(), error = %e, "could not open a min_pool_size connection");
@@ -492,30 +343,67 @@ impl Pool {
         }
     }
 
-    /// Closes idle connections beyond `pool_size` (after it shrank).
-    fn trim_idle(&self) {
-        let size = self.settings.load().size;
-        let active = self.stats.active.load(Ordering::Relaxed);
-        let mut idle = self.idle.lock();
-        let keep = size.saturating_sub(active);
-        if idle.len() > keep {
-            // The front holds the least recently used.
-            let extra = idle.len() - keep;
-            idle.drain(..extra);
-            self.stats.idle_servers(idle.len());
-        }
-    }
-
     /// How often [`Pool::maintain`] should run for these settings.
     pub fn maintenance_interval(&self) -> Duration {
-        let s = self.settings.load();
-        [s.server_idle_timeout, s.server_lifetime]
-            .into_iter()
-            .flatten()
-            .map(|d| d / 4)
-            .chain([Duration::from_secs(1)])
-            .min()
-            .unwrap()
-            .max(Duration::from_millis(50))
+        self.slots.maintenance_interval()
+    }
+}
+
+/// What can be seen of `Pool` without a server: the bookkeeping itself is
+/// tested in `slots.rs`.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::SharedCredential;
+    use crate::config::Config;
+    use crate::tls::ServerTls;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_checkout_from_a_paused_pool_times_out_naming_the_pool() {
+        let config = Config::from_yaml("databases: { app: {} }\n", "t.yaml").unwrap();
+        let limits = PoolLimits {
+            size: 3,
+            query_wait_timeout: Duration::from_secs(5),
+            ..config.limits_for("app", "alice")
+        };
+        // Nothing listens there, and nothing may connect: the pool is paused.
+        let target = ServerTarget {
+            host: "127.0.0.1".into(),
+            port: 1,
+            dbname: "app".into(),
+            user: "alice".into(),
+            tls: ServerTls::disabled(),
+            credential: SharedCredential::default(),
+        };
+        let pool = Pool::new("app".into(), "alice".into(), target, limits);
+        pool.pause();
+        match pool.checkout().await {
+            Err(CheckoutError::NoneFree {
+                database,
+                user,
+                waited,
+                pool_size,
+                paused,
+            }) => {
+                assert_eq!((database.as_str(), user.as_str()), ("app", "alice"));
+                assert_eq!(
+                    (waited, pool_size, paused),
+                    (Duration::from_secs(5), 3, true)
+                );
+            }
+            other => panic!("expected NoneFree, got {other:?}"),
+        }
+        assert_eq!(
+            pool.stats
+                .waiting
+                .load(std::sync::atomic::Ordering::Relaxed),
+            0
+        );
+        assert_eq!(
+            pool.stats
+                .servers_login
+                .load(std::sync::atomic::Ordering::Relaxed),
+            0
+        );
     }
 }

@@ -169,6 +169,21 @@ impl SessionParams {
     }
 }
 
+impl SessionParams {
+    /// The merged parameters, canonical names, values as they stand.
+    pub fn wanted(&self) -> impl Iterator<Item = (&String, &String)> {
+        self.wanted.iter()
+    }
+
+    /// Takes the server's spelling of a wanted value, learnt elsewhere (a
+    /// pool's memory of earlier logins).
+    pub fn take_spelling(&mut self, name: &str, value: String) {
+        if let Some(v) = self.wanted.get_mut(name) {
+            *v = value;
+        }
+    }
+}
+
 /// Splits the `options` startup parameter into (name, value) settings.
 fn parse_options(options: &str) -> Result<Vec<(String, String)>, PgError> {
     let mut words = Vec::new();

@@ -32,6 +32,10 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
+/// At most this many (parameter, value) pairs a pool remembers the
+/// server's spelling of.
+pub const NORMALISED_BOUND: usize = 1024;
+
 /// Server connections for one (database, user).
 #[derive(Debug)]
 pub struct Pool {
@@ -51,6 +55,12 @@ pub struct Pool {
     /// ParameterStatus values of the first server connection: what clients
     /// are told at login.
     server_params: OnceLock<Arc<HashMap<String, String>>>,
+    /// What the server made of startup parameters at earlier logins:
+    /// (name, value asked) → the value it reports (`utf-8` → `UTF8`),
+    /// learnt only from settings applied without an error or a notice. A
+    /// transaction-mode login whose every parameter is known here needs no
+    /// server connection to tell the client the server's values.
+    normalised: Mutex<HashMap<(String, String), String>>,
     /// Shared with the checkouts, which count themselves (see [`Lent`]).
     pub stats: Arc<PoolStats>,
 }
@@ -129,6 +139,7 @@ impl Pool {
             resumed: Notify::new(),
             idle: Mutex::new(Vec::new()),
             server_params: OnceLock::new(),
+            normalised: Mutex::new(HashMap::new()),
             stats,
         }
     }
@@ -265,6 +276,27 @@ impl Pool {
         let params = Arc::new(checkout.conn.params().clone());
         self.checkin(checkout);
         Ok(self.server_params.get_or_init(|| params).clone())
+    }
+
+    /// What the server reports for parameter `name` set to `value`, if an
+    /// earlier login learnt it.
+    pub fn normalised(&self, name: &str, value: &str) -> Option<String> {
+        self.normalised
+            .lock()
+            .get(&(name.to_string(), value.to_string()))
+            .cloned()
+    }
+
+    /// Remembers what the server made of startup parameters (bounded: the
+    /// memory starts over past [`NORMALISED_BOUND`] entries).
+    pub fn learn_normalised(&self, learnt: impl IntoIterator<Item = ((String, String), String)>) {
+        let mut known = self.normalised.lock();
+        for (key, value) in learnt {
+            if known.len() >= NORMALISED_BOUND {
+                known.clear();
+            }
+            known.insert(key, value);
+        }
     }
 
     /// Waits for a server connection: an idle one if any is alive, else a new one.

@@ -204,7 +204,7 @@ fn cannot_answer(target: &ServerTarget, credential: &ServerCredential, asked: &s
         ),
         ServerCredential::Md5(_) => (
             "only the user's md5 hash",
-            "give usher the plaintext password, or use md5 or scram-sha-256 in the server's pg_hba.conf",
+            "give usher the plaintext password, or use md5 in the server's pg_hba.conf",
         ),
         ServerCredential::Scram(_) => (
             "no cleartext password: the client logged in with SCRAM, which never reveals it",

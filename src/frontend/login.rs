@@ -409,7 +409,7 @@ enum Step {
 /// Session mode takes the client's server connection here (the client is
 /// told its backend's pid, and its session starts on it). Transaction mode
 /// takes one only when the pool has not yet learnt what the server makes
-/// of every startup parameter, and gives it back at once.
+/// of every startup parameter and one is free at once, and gives it back.
 ///
 /// Runs after the login slot is given back and outside auth_timeout: a
 /// client waiting for a server connection is bounded by
@@ -442,13 +442,22 @@ async fn welcome(
                 .map(|spelling| spellings.push((name.clone(), spelling)))
                 .is_some()
         });
-    let mut held = None;
-    if known {
+    let checkout = if known {
         for (name, spelling) in spellings {
             params.take_spelling(&name, spelling);
         }
+        None
+    } else if session_mode {
+        Some(pool.checkout().await?)
     } else {
-        let mut checkout = pool.checkout().await?;
+        // Transaction mode waits for no server connection at login (the
+        // pool may be paused, or busy): without a free one, the client is
+        // told its values as it gave them, and the server's spelling when
+        // its first transaction applies them (as a ParameterStatus).
+        pool.checkout_if_free().await.transpose()?
+    };
+    let mut held = None;
+    if let Some(mut checkout) = checkout {
         let asked: Vec<(String, String)> = params
             .wanted()
             .map(|(k, v)| (k.clone(), v.clone()))

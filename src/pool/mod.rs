@@ -324,6 +324,28 @@ impl Pool {
                 })
             }
         };
+        self.lend(permit, &settings).await
+    }
+
+    /// A server connection if one may be had without waiting (the pool is
+    /// not paused and not all of its connections are lent); `None`
+    /// otherwise. Opening a new one is not waiting.
+    pub async fn checkout_if_free(&self) -> Option<Result<Checkout, CheckoutError>> {
+        if self.is_paused() {
+            return None;
+        }
+        let permit = self.permits.clone().try_acquire_owned().ok()?;
+        let settings = self.settings.load_full();
+        Some(self.lend(permit, &settings).await)
+    }
+
+    /// Lends a connection under `permit`: an idle one if any is alive,
+    /// else a new one.
+    async fn lend(
+        &self,
+        permit: OwnedSemaphorePermit,
+        settings: &PoolLimits,
+    ) -> Result<Checkout, CheckoutError> {
         let permit = Permit {
             permit: Some(permit),
             owed: self.owed.clone(),
@@ -340,7 +362,7 @@ impl Pool {
         }
         // Boxed: connecting (TLS, SCRAM) is a large future that would
         // otherwise sit in every client task's state, idle or not.
-        let conn = Box::pin(self.connect(&settings))
+        let conn = Box::pin(self.connect(settings))
             .await
             .map_err(CheckoutError::Connect)?;
         tracing::debug!(server = conn.id(), pid = conn.backend_pid(), db = %self.database, user = %self.user, "server connection opened");

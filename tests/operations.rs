@@ -146,8 +146,10 @@ fn pgbench(pg: &PgCluster, port: u16, args: &[&str]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pgbench_runs_without_failures_in_both_modes() {
     let pg = PgCluster::shared();
-    for mode in ["session", "transaction"] {
-        let usher = Usher::start(pg, &format!("pool_mode: {mode}\npool_size: 5\n")).await;
+    // Session mode: each client takes its server connection at login, as a
+    // direct connection takes a backend, so 20 clients need 20.
+    for (mode, size) in [("session", 20), ("transaction", 5)] {
+        let usher = Usher::start(pg, &format!("pool_mode: {mode}\npool_size: {size}\n")).await;
         let port = usher.addr.port();
         let report = tokio::task::spawn_blocking(move || {
             let pg = PgCluster::shared();

@@ -512,9 +512,11 @@ async fn welcome(
         registration,
         client,
         vars,
-        held,
     ));
-    session.start_on_login_server(stream).await?;
+    if let Some(checkout) = held {
+        session.hold_login_server(checkout);
+        session.start_on_login_server(stream).await?;
+    }
     messages::backend_key_data(&mut out, pid, secret);
     for n in notices {
         PgError::notice(n).encode(&mut out);

@@ -264,16 +264,21 @@ impl ClientRegistry {
     }
 
     /// The server to cancel for a cancel request, if the key matches a client
-    /// that is being served right now.
-    /// Every client told `pid` shares the entry: each secret is compared
+    /// that is being served right now. Every client told `pid` shares the entry: each secret is compared
     /// (in constant time), and the one that matches is the client.
     pub fn cancel_target(&self, pid: u32, secret: u32) -> Option<Arc<ServerSummary>> {
         let handle = self
             .by_pid
             .get(&pid)?
             .iter()
-            .filter(|h| crate::auth::secret::ct_eq(&h.secret.to_be_bytes(), &secret.to_be_bytes()))
-            .last()?
+            // Every secret is compared, whichever matches.
+            .fold(None, |found, h| {
+                if crate::auth::secret::ct_eq(&h.secret.to_be_bytes(), &secret.to_be_bytes()) {
+                    Some(h)
+                } else {
+                    found
+                }
+            })?
             .clone();
         handle.server()
     }

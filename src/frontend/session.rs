@@ -119,7 +119,6 @@ impl Session {
         registration: Registration,
         client: ClientInfo,
         vars: Vars,
-        login_server: Option<Checkout>,
     ) -> Self {
         // The mode is the pool's at login: a reload that changes it applies
         // to clients that log in afterwards.
@@ -144,8 +143,14 @@ impl Session {
             rewriting,
             statements: ClientStatements::default(),
             charged: 0,
-            login_server,
+            login_server: None,
         }
+    }
+
+    /// Session mode: the session will start on the server connection the
+    /// login took.
+    pub(crate) fn hold_login_server(&mut self, checkout: Checkout) {
+        self.login_server = Some(checkout);
     }
 
     /// Session mode, at login: the session begins on the server connection

@@ -312,3 +312,51 @@ async fn a_failing_auth_query_refuses_with_08006_without_details() {
     let c = usher.connect_as("alice", ALICE_PASSWORD).await.unwrap();
     c.query_one("SELECT 1", &[]).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_asking_for_a_cleartext_password_gets_the_one_the_client_gave() {
+    // usher knows judy only by her SCRAM verifier (auth.query); the server
+    // asks usher for judy's password in cleartext (pg_hba `password`).
+    server_role("judy", "judy-pw");
+    pg().prepend_hba("host all judy 127.0.0.1/32 password");
+    for mode in ["session", "transaction"] {
+        // The client gives usher the cleartext: usher passes it on.
+        let usher = Usher::start_yaml(&yaml(
+            "usher_auth",
+            AUTH_PASSWORD,
+            &format!("pool_mode: {mode}\nauth:\n  method: password\n  user: usher_auth\n"),
+        ))
+        .await;
+        let c = usher
+            .connect_as("judy", "judy-pw")
+            .await
+            .unwrap_or_else(|e| panic!("{mode}: {e:?}"));
+        let me: String = c
+            .query_one("SELECT current_user::text", &[])
+            .await
+            .unwrap_or_else(|e| panic!("{mode}: {e:?}"))
+            .get(0);
+        assert_eq!(me, "judy");
+
+        // SCRAM never shows usher the password: the client is told so.
+        let usher = Usher::start_yaml(&yaml(
+            "usher_auth",
+            AUTH_PASSWORD,
+            &format!("pool_mode: {mode}\nauth:\n  method: scram-sha-256\n  user: usher_auth\n"),
+        ))
+        .await;
+        let e = async {
+            let c = usher.connect_as("judy", "judy-pw").await?;
+            c.query_one("SELECT 1", &[]).await
+        }
+        .await
+        .expect_err("no cleartext to give the server");
+        assert_eq!(sqlstate(&e).as_deref(), Some("28000"), "{mode}: {e:?}");
+        let db = e.as_db_error().expect("a server-style error");
+        assert!(
+            db.message().contains("cleartext password") && !db.message().contains("SCRAM keys"),
+            "{mode}: {}",
+            db.message()
+        );
+    }
+}

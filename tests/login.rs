@@ -69,7 +69,9 @@ async fn configured_md5_and_scram_secrets_check_client_passwords() {
             let e = login.expect_err("no SCRAM login from an md5 hash");
             let db = e.as_db_error().expect("an error from usher");
             assert!(
-                db.message().contains("usher has only an md5 hash"),
+                db.message().contains("SCRAM password")
+                    && db.message().contains("usher does not have")
+                    && db.detail() == Some("usher has only the user's md5 hash"),
                 "{method}: {db:?}"
             );
         }

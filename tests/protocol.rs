@@ -586,3 +586,242 @@ async fn a_server_fatal_reaches_the_client_once() {
     assert_eq!(errors[0][&'C'], "57P01");
     assert_eq!(errors[0][&'V'], "FATAL");
 }
+
+/// The login's answers, one line each, up to ReadyForQuery or the end:
+/// `R 0`, `N NOTICE 42622 message`, `S name=value`, `K`, `Z I`,
+/// `E FATAL 22023 message`. BackendKeyData's numbers differ by nature.
+async fn welcome<S: AsyncRead + AsyncWrite + Unpin>(
+    mut s: S,
+    params: &[(&str, &str)],
+) -> Vec<String> {
+    s.write_all(&startup_packet(params)).await.unwrap();
+    let mut out = Vec::new();
+    loop {
+        let read = tokio::time::timeout(Duration::from_secs(10), read_any(&mut s))
+            .await
+            .expect("an answer within 10 s");
+        let Some((tag, body)) = read else {
+            out.push("closed".into());
+            return out;
+        };
+        match tag {
+            b'R' => out.push(format!(
+                "R {}",
+                u32::from_be_bytes(body[..4].try_into().unwrap())
+            )),
+            b'E' | b'N' => {
+                let f = fields(&body);
+                out.push(format!(
+                    "{} {} {} {}",
+                    tag as char, f[&'V'], f[&'C'], f[&'M']
+                ));
+            }
+            b'S' => {
+                let mut parts = body.split(|b| *b == 0);
+                let name = String::from_utf8_lossy(parts.next().unwrap());
+                let value = String::from_utf8_lossy(parts.next().unwrap());
+                out.push(format!("S {name}={value}"));
+            }
+            b'K' => out.push("K".into()),
+            b'Z' => {
+                out.push(format!("Z {}", body[0] as char));
+                return out;
+            }
+            other => out.push(format!("{}", other as char)),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_login_reports_the_servers_values_and_notices_as_postgresql_does() {
+    let pg = PgCluster::shared();
+    let long_name = "a".repeat(65);
+    let cases: Vec<Vec<(&str, &str)>> = vec![
+        // Raw values the server normalises, and a NOTICE (42622) while
+        // applying them.
+        vec![
+            ("client_encoding", "utf-8"),
+            ("datestyle", "iso"),
+            ("application_name", &long_name),
+            ("timezone", "utc"),
+            ("intervalstyle", "ISO_8601"),
+        ],
+        // No notice: in transaction mode the second round's login finds
+        // the server's spelling in what the first one learnt.
+        vec![
+            ("client_encoding", "utf-8"),
+            ("datestyle", "iso"),
+            ("timezone", "utc"),
+        ],
+        // Nothing to apply.
+        vec![],
+        // A bad startup parameter is the server's FATAL error, after
+        // AuthenticationOk, as PostgreSQL sends it.
+        vec![("options", "-c work_mem=banana")],
+        vec![("no_such_parameter", "x")],
+        vec![("is_superuser", "on")],
+    ];
+    for mode in ["session", "transaction"] {
+        let usher = Usher::start(pg, &format!("pool_mode: {mode}\npool_size: 2\n{TRUST}")).await;
+        // Twice: the second login may find what the first learnt.
+        for round in 0..2 {
+            for case in &cases {
+                let mut params = vec![("user", "alice"), ("database", "app")];
+                params.extend(case.iter().copied());
+                let expected = welcome(direct(pg).await, &params).await;
+                let got = welcome(TcpStream::connect(usher.addr).await.unwrap(), &params).await;
+                assert_eq!(
+                    got, expected,
+                    "{mode} mode, round {round}, {case:?}: usher (left) and PostgreSQL (right) differ"
+                );
+            }
+        }
+    }
+}
+
+/// A trust login as alice in session mode: the stream, and the
+/// BackendKeyData (pid, secret) usher told.
+async fn session_login(usher: &Usher) -> (TcpStream, u32, u32) {
+    let mut s = TcpStream::connect(usher.addr).await.unwrap();
+    s.write_all(&startup_packet(&[("user", "alice"), ("database", "app")]))
+        .await
+        .unwrap();
+    let mut key = None;
+    loop {
+        match read_message(&mut s).await {
+            (b'K', body) => {
+                key = Some((
+                    u32::from_be_bytes(body[..4].try_into().unwrap()),
+                    u32::from_be_bytes(body[4..8].try_into().unwrap()),
+                ))
+            }
+            (b'Z', _) => break,
+            (b'E', body) => panic!("login failed: {:?}", fields(&body)),
+            _ => {}
+        }
+    }
+    let (pid, secret) = key.expect("BackendKeyData");
+    (s, pid, secret)
+}
+
+/// Runs one simple query; the first column of its first row (or the
+/// error's SQLSTATE as `E code`), and the sender pid of any notification.
+async fn first_value<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &mut S,
+    sql: &str,
+) -> (String, Option<u32>) {
+    let mut body = sql.as_bytes().to_vec();
+    body.push(0);
+    s.write_all(&message(b'Q', &body)).await.unwrap();
+    let (mut value, mut notified) = (String::new(), None);
+    loop {
+        match read_message(s).await {
+            (b'D', body) if value.is_empty() => {
+                let len = i32::from_be_bytes(body[2..6].try_into().unwrap()) as usize;
+                value = String::from_utf8_lossy(&body[6..6 + len]).into_owned();
+            }
+            (b'A', body) => notified = Some(u32::from_be_bytes(body[..4].try_into().unwrap())),
+            (b'E', body) => value = format!("E {}", fields(&body)[&'C']),
+            (b'Z', _) => return (value, notified),
+            _ => {}
+        }
+    }
+}
+
+async fn send_cancel(usher: &Usher, pid: u32, secret: u32) {
+    let mut c = TcpStream::connect(usher.addr).await.unwrap();
+    let mut p = 16u32.to_be_bytes().to_vec();
+    p.extend_from_slice(&80_877_102u32.to_be_bytes());
+    p.extend_from_slice(&pid.to_be_bytes());
+    p.extend_from_slice(&secret.to_be_bytes());
+    c.write_all(&p).await.unwrap();
+    // usher closes it once the cancel has gone to the server (or nowhere).
+    let _ = read_to_end(&mut c).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_mode_tells_the_backends_pid_and_cancels_still_find_their_client() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(pg, &format!("pool_mode: session\npool_size: 1\n{TRUST}")).await;
+    let (mut a, pid_a, secret_a) = session_login(&usher).await;
+    let (backend, _) = first_value(&mut a, "SELECT pg_backend_pid()").await;
+    assert_eq!(
+        backend,
+        pid_a.to_string(),
+        "BackendKeyData is the backend's pid"
+    );
+    let (_, sender) = first_value(&mut a, "LISTEN usher_pid_test; NOTIFY usher_pid_test").await;
+    assert_eq!(
+        sender,
+        Some(pid_a),
+        "a notification's sender is the pid told"
+    );
+
+    // A cancel with the key usher gave reaches the query.
+    let sleeping = tokio::spawn(async move {
+        let (v, _) = first_value(&mut a, "SELECT pg_sleep(60)").await;
+        (a, v)
+    });
+    pg.wait_until_active("SELECT pg_sleep(60)").await;
+    send_cancel(&usher, pid_a, secret_a).await;
+    let (a, v) = sleeping.await.unwrap();
+    assert_eq!(v, "E 57014");
+    drop(a);
+
+    // The next client gets the same backend (pool_size 1), so the same pid,
+    // with its own secret: the first client's key cancels nothing of it.
+    let (mut b, pid_b, secret_b) = common::wait::wait_for_async(
+        common::wait::DEADLINE,
+        "the first client's backend is back in the pool",
+        || async {
+            let (s, pid, secret) = session_login(&usher).await;
+            if pid == pid_a {
+                Ok((s, pid, secret))
+            } else {
+                Err(pid)
+            }
+        },
+    )
+    .await;
+    assert_ne!(secret_b, secret_a);
+    let (backend, _) = first_value(&mut b, "SELECT pg_backend_pid()").await;
+    assert_eq!(backend, pid_b.to_string());
+    let sleeping = tokio::spawn(async move {
+        let (v, _) = first_value(&mut b, "SELECT pg_sleep(61)").await;
+        (b, v)
+    });
+    pg.wait_until_active("SELECT pg_sleep(61)").await;
+    send_cancel(&usher, pid_a, secret_a).await;
+    assert!(
+        pg.query_active("SELECT pg_sleep(61)"),
+        "the previous client's key cancelled the next client's query"
+    );
+    send_cancel(&usher, pid_b, secret_b).await;
+    let (mut b, v) = sleeping.await.unwrap();
+    assert_eq!(v, "E 57014");
+
+    // pg_terminate_backend(<the pid told>) ends that client's backend.
+    assert_eq!(
+        pg.psql_super(&format!("SELECT pg_terminate_backend({pid_b})")),
+        "t"
+    );
+    let all = read_to_end(&mut b).await;
+    assert!(
+        all.iter()
+            .any(|(tag, body)| *tag == b'E' && fields(body)[&'C'] == "57P01"),
+        "the client learns its backend was terminated"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transaction_mode_tells_usher_s_own_pid() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(
+        pg,
+        &format!("pool_mode: transaction\npool_size: 1\n{TRUST}"),
+    )
+    .await;
+    let (mut a, pid, _) = session_login(&usher).await;
+    let (backend, _) = first_value(&mut a, "SELECT pg_backend_pid()").await;
+    assert_ne!(backend, pid.to_string());
+}

@@ -55,12 +55,17 @@ impl AuthFailure {
 pub struct Authenticated {
     /// The SCRAM ClientKey the client proved it holds (for pass-through).
     pub scram_client_key: Option<[u8; 32]>,
+    /// The cleartext password the client sent (method `password`) when
+    /// usher holds only its SCRAM verifier: a server that asks for a
+    /// cleartext or md5 password can then be answered.
+    pub cleartext: Option<String>,
 }
 
 impl std::fmt::Debug for Authenticated {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Authenticated")
             .field("scram_client_key", &self.scram_client_key.map(|_| ".."))
+            .field("cleartext", &self.cleartext.as_ref().map(|_| ".."))
             .finish()
     }
 }
@@ -134,6 +139,7 @@ where
                 Some(s @ Secret::Scram(_)) => match s.scram_client_key(given) {
                     Some(key) => Ok(Authenticated {
                         scram_client_key: Some(key),
+                        cleartext: Some(given.to_string()),
                     }),
                     None => Err(wrong()),
                 },
@@ -164,6 +170,7 @@ where
             match scram_exchange(stream, verifier).await {
                 Ok(client_key) if known => Ok(Authenticated {
                     scram_client_key: Some(client_key),
+                    cleartext: None,
                 }),
                 Ok(_) => Err(unknown()),
                 Err(ScramFailure::Proof) if secret.is_none() => Err(unknown()),

@@ -83,33 +83,26 @@ async fn connect_inner(target: &ServerTarget) -> Result<ServerConn, ConnectError
     let mut scram: Option<Scram> = None;
     let mut params = HashMap::new();
     let mut key = None;
-    let cannot = |asked: &'static str| ConnectError::NoSecret {
-        user: target.user.clone(),
-        asked,
-        has: match &credential {
-            ServerCredential::None => "none",
-            ServerCredential::Password(_) => "a password",
-            ServerCredential::Md5(_) => "only an md5 hash",
-            ServerCredential::Scram(_) => "only SCRAM keys",
-        },
-    };
+    let cannot = |asked: &'static str| cannot_answer(target, &credential, asked);
     loop {
         out.clear();
         match read_backend_message(&mut stream, &mut buf).await? {
             Message::AuthenticationOk => {}
             Message::AuthenticationCleartextPassword => {
-                let ServerCredential::Password(p) = &credential else {
-                    return Err(cannot("a password"));
+                let Some(p) = credential.password() else {
+                    return Err(cannot("a cleartext password"));
                 };
                 frontend::password_message(p.as_bytes(), &mut out).map_err(ConnectError::Encode)?;
             }
             Message::AuthenticationMd5Password(body) => {
                 let hash = match &credential {
-                    ServerCredential::Password(p) => postgres_protocol::authentication::md5_hash(
-                        target.user.as_bytes(),
-                        p.as_bytes(),
-                        body.salt(),
-                    ),
+                    ServerCredential::Password(p) | ServerCredential::ScramAndPassword(_, p) => {
+                        postgres_protocol::authentication::md5_hash(
+                            target.user.as_bytes(),
+                            p.as_bytes(),
+                            body.salt(),
+                        )
+                    }
                     // The stored hash is all an md5 challenge needs.
                     ServerCredential::Md5(h) => md5_response(h, body.salt()),
                     _ => return Err(cannot("an md5 password")),
@@ -131,7 +124,10 @@ async fn connect_inner(target: &ServerTarget) -> Result<ServerConn, ConnectError
                         p.as_bytes(),
                         ChannelBinding::unsupported(),
                     )),
-                    ServerCredential::Scram(keys) => Scram::Keys(ScramClient::new(keys.clone())),
+                    // Pass-through from keys: no PBKDF2 of usher's own.
+                    ServerCredential::Scram(keys) | ServerCredential::ScramAndPassword(keys, _) => {
+                        Scram::Keys(ScramClient::new(keys.clone()))
+                    }
                     _ => return Err(cannot("a SCRAM password")),
                 };
                 frontend::sasl_initial_response(sasl::SCRAM_SHA_256, s.message(), &mut out)
@@ -187,6 +183,39 @@ async fn connect_inner(target: &ServerTarget) -> Result<ServerConn, ConnectError
         secret,
     };
     Ok(ServerConn::new(stream, cancel, params))
+}
+
+/// The server asked for what usher does not have for this user: 28000,
+/// saying what it would need.
+fn cannot_answer(
+    target: &ServerTarget,
+    credential: &ServerCredential,
+    asked: &'static str,
+) -> ConnectError {
+    let (has, hint) = match credential {
+        ServerCredential::None => (
+            "no password for this user",
+            "give usher the user's password (users.<name>.password or auth.file), or let the server trust usher",
+        ),
+        ServerCredential::Md5(_) => (
+            "only the user's md5 hash",
+            "give usher the plaintext password, or use md5 in the server's pg_hba.conf",
+        ),
+        ServerCredential::Scram(_) => (
+            "no cleartext password: the client logged in with SCRAM, which never reveals it",
+            "use auth method password for this user in usher (the client then sends its password, over TLS), give usher the plaintext password, or use scram-sha-256 in the server's pg_hba.conf",
+        ),
+        ServerCredential::Password(_) | ServerCredential::ScramAndPassword(..) => (
+            "no answer usher supports",
+            "use scram-sha-256, md5 or password in the server's pg_hba.conf",
+        ),
+    };
+    ConnectError::NoSecret {
+        user: target.user.clone(),
+        asked,
+        has,
+        hint,
+    }
 }
 
 /// The answer to an md5 challenge from the stored `md5...` hash.

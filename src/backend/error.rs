@@ -110,8 +110,10 @@ pub enum ConnectError {
         user: String,
         /// What the server asked for ("an md5 password"...).
         asked: &'static str,
-        /// What usher has ("none", "only an md5 hash"...).
+        /// What usher has ("no password for this user"...).
         has: &'static str,
+        /// What the operator can do about it.
+        hint: &'static str,
     },
     /// The server offers no SASL mechanism usher supports.
     NoSaslMechanism,
@@ -137,9 +139,8 @@ impl ConnectError {
             ConnectError::Tls { .. } => sqlstate::CONNECTION_FAILURE,
             ConnectError::Wire(e) => e.sqlstate(),
             ConnectError::Refused(e) => &e.code,
-            ConnectError::NoSecret { .. } | ConnectError::ScramPassThrough { .. } => {
-                sqlstate::INVALID_PASSWORD
-            }
+            ConnectError::NoSecret { .. } => sqlstate::INVALID_AUTHORIZATION,
+            ConnectError::ScramPassThrough { .. } => sqlstate::INVALID_PASSWORD,
             ConnectError::NoSaslMechanism => sqlstate::FEATURE_NOT_SUPPORTED,
             ConnectError::Protocol(_) => sqlstate::PROTOCOL_VIOLATION,
             ConnectError::Encode(_) => sqlstate::INTERNAL_ERROR,
@@ -177,9 +178,9 @@ impl fmt::Display for ConnectError {
             },
             ConnectError::Wire(e) => e.fmt(f),
             ConnectError::Refused(e) => f.write_str(&e.message),
-            ConnectError::NoSecret { user, asked, has } => write!(
+            ConnectError::NoSecret { user, asked, .. } => write!(
                 f,
-                "server asked for {asked} for user \"{user}\" and usher has {has}"
+                "the server asked for {asked} for user \"{user}\", which usher does not have"
             ),
             ConnectError::NoSaslMechanism => {
                 f.write_str("server offers no SASL mechanism usher supports")

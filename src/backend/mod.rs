@@ -250,7 +250,7 @@ impl ServerConn {
         let mut out = BytesMut::new();
         frontend::query(sql, &mut out).map_err(|e| QueryError::Encode(e.to_string()))?;
         self.stream.write_all(&out).await.map_err(WireError::Lost)?;
-        self.read_until_ready(1).await
+        self.read_until_ready(1, None).await
     }
 
     /// Applies session settings, then runs `then_sql` (usher's own
@@ -266,6 +266,27 @@ impl ServerConn {
         &mut self,
         settings: &[Setting],
         then_sql: &str,
+    ) -> Result<(), QueryError> {
+        self.apply(settings, then_sql, None).await
+    }
+
+    /// [`ServerConn::apply_settings`] of a client's startup parameters at
+    /// its login: the notices the server raises (e.g. 42622, a name
+    /// truncated) are appended to `notices` as NoticeResponse messages, to
+    /// be passed on to the client as PostgreSQL would send them.
+    pub async fn apply_startup_settings(
+        &mut self,
+        settings: &[Setting],
+        notices: &mut BytesMut,
+    ) -> Result<(), QueryError> {
+        self.apply(settings, "", Some(notices)).await
+    }
+
+    async fn apply(
+        &mut self,
+        settings: &[Setting],
+        then_sql: &str,
+        notices: Option<&mut BytesMut>,
     ) -> Result<(), QueryError> {
         let internal = |e: &dyn std::fmt::Display| QueryError::Encode(e.to_string());
         let mut out = BytesMut::new();
@@ -316,12 +337,17 @@ impl ServerConn {
             return Ok(());
         }
         self.stream.write_all(&out).await.map_err(WireError::Lost)?;
-        self.read_until_ready(replies).await
+        self.read_until_ready(replies, notices).await
     }
 
     /// Reads the answers to `replies` requests (each ends at a
-    /// ReadyForQuery), noting ParameterStatus; the first error is returned.
-    async fn read_until_ready(&mut self, mut replies: usize) -> Result<(), QueryError> {
+    /// ReadyForQuery), noting ParameterStatus (and keeping NoticeResponses
+    /// in `notices`, if given); the first error is returned.
+    async fn read_until_ready(
+        &mut self,
+        mut replies: usize,
+        mut notices: Option<&mut BytesMut>,
+    ) -> Result<(), QueryError> {
         let mut buf = BytesMut::with_capacity(1024);
         let mut failure = None;
         while replies > 0 {
@@ -333,6 +359,11 @@ impl ServerConn {
                 Message::ParameterStatus(body) => {
                     if let (Ok(name), Ok(value)) = (body.name(), body.value()) {
                         self.params.insert(name.to_string(), value.to_string());
+                    }
+                }
+                Message::NoticeResponse(body) => {
+                    if let Some(out) = notices.as_deref_mut() {
+                        encode_notice(body.fields(), out);
                     }
                 }
                 _ => {}
@@ -361,6 +392,22 @@ pub(crate) async fn read_backend_message(
             return Err(WireError::Closed);
         }
     }
+}
+
+/// Writes a server's NoticeResponse again, every field as it came.
+fn encode_notice(mut fields: ErrorFields<'_>, out: &mut BytesMut) {
+    use bytes::BufMut;
+    let start = out.len();
+    out.put_u8(crate::protocol::tags::backend::NOTICE_RESPONSE);
+    out.put_u32(0);
+    while let Ok(Some(f)) = fields.next() {
+        out.put_u8(f.type_());
+        out.put_slice(f.value_bytes());
+        out.put_u8(0);
+    }
+    out.put_u8(0);
+    let len = (out.len() - start - 1) as u32;
+    out[start + 1..start + 5].copy_from_slice(&len.to_be_bytes());
 }
 
 /// A server ErrorResponse's fields, as data.

@@ -18,9 +18,10 @@ use super::stream::ClientStream;
 use crate::auth::hba::{Connection, Decision};
 use crate::auth::{self, AuthAttempt, AuthOutcome, Authenticated, Challenge, Secret};
 use crate::backend::ServerCredential;
-use crate::config::{AuthMethod, TlsMode};
+use crate::config::{AuthMethod, PoolMode, TlsMode};
 use crate::hooks::{ClientInfo, ConnectionCtx, Event, Vars};
 use crate::metrics::ClientConnected;
+use crate::pool::Pool;
 use crate::protocol::error::sqlstate;
 use crate::protocol::messages;
 use crate::protocol::scram_client::ScramKeys;
@@ -156,13 +157,23 @@ pub async fn admit(deps: &Arc<SessionDeps>, tcp: TcpStream, addr: SocketAddr) ->
     drop(slot);
     let counted = (connected, gauge);
     match result {
-        Ok(Ok(Some(logged_in))) => {
+        Ok(Ok(Some(Step::Done(logged_in)))) => {
             return Some(Admitted {
                 stream,
                 counted,
                 logged_in,
             });
         }
+        Ok(Ok(Some(Step::Welcome(w)))) => match welcome(deps, &mut stream, *w).await {
+            Ok(session) => {
+                return Some(Admitted {
+                    stream,
+                    counted,
+                    logged_in: LoggedIn::Session(session),
+                })
+            }
+            Err(e) => close_with_error(&mut stream, &e).await,
+        },
         Ok(Ok(None)) => {}
         Ok(Err(e)) => {
             // Refusals were recorded with their own outcome; what is left
@@ -191,7 +202,7 @@ async fn login(
     stream: &mut ClientStream,
     count: usize,
     progress: &mut Progress,
-) -> Result<Option<LoggedIn>, PgError> {
+) -> Result<Option<Step>, PgError> {
     let Some(params) = startup(snapshot, deps, stream, progress.addr).await? else {
         return Ok(None);
     };
@@ -302,7 +313,9 @@ async fn login(
             .unwrap_or_default(),
     };
     if crate::config::is_admin_database(&database) {
-        return Ok(Some(LoggedIn::Console(deps.clients.register(facts))));
+        return Ok(Some(Step::Done(LoggedIn::Console(
+            deps.clients.register(facts),
+        ))));
     }
     let unknown_database = || {
         PgError::fatal(
@@ -322,7 +335,7 @@ async fn login(
     let mut session_params = SessionParams::from_startup(&params)?;
     let registration = deps.clients.register(facts);
     let client = ClientInfo {
-        id: registration.handle.pid,
+        id: registration.handle.pid(),
         application_name,
         user,
         database,
@@ -358,34 +371,175 @@ async fn login(
         notices = ctx.notices;
     }
 
-    let server_params = pool.server_params().await?;
-    let mut out = BytesMut::with_capacity(512);
+    Ok(Some(Step::Welcome(Box::new(Welcome {
+        pool,
+        params: session_params,
+        registration,
+        client,
+        vars,
+        notices,
+    }))))
+}
+
+/// A client that authenticated and passed the client_connection hooks,
+/// still to be told it is in: AuthenticationOk, the parameters as the
+/// server has them, BackendKeyData, ReadyForQuery.
+struct Welcome {
+    pool: Arc<Pool>,
+    params: SessionParams,
+    registration: Registration,
+    client: ClientInfo,
+    vars: Vars,
+    /// What client_connection hooks had to say.
+    notices: Vec<String>,
+}
+
+/// Where a successful login goes next.
+enum Step {
+    Done(LoggedIn),
+    Welcome(Box<Welcome>),
+}
+
+/// Tells a client it is in, as PostgreSQL would: AuthenticationOk, then
+/// what applying its startup parameters raised (NOTICEs, or the FATAL
+/// error of a bad one), the parameters as the server reports them after
+/// applying them (`UTF8` for `utf-8`, `ISO, MDY` for `iso`, a name cut to
+/// 63 bytes), BackendKeyData and ReadyForQuery.
+///
+/// Session mode takes the client's server connection here (the client is
+/// told its backend's pid, and its session starts on it). Transaction mode
+/// takes one only when the pool has not yet learnt what the server makes
+/// of every startup parameter and one is free at once, and gives it back.
+///
+/// Runs after the login slot is given back and outside auth_timeout: a
+/// client waiting for a server connection is bounded by
+/// query_wait_timeout, and holds no login slot meanwhile.
+async fn welcome(
+    deps: &Arc<SessionDeps>,
+    stream: &mut ClientStream,
+    welcome: Welcome,
+) -> Result<Box<Session>, PgError> {
+    let Welcome {
+        pool,
+        mut params,
+        registration,
+        client,
+        vars,
+        notices,
+    } = welcome;
+    let defaults = pool.server_params().await?;
+    let gone = |_| PgError::protocol("client went away");
+    let mut out = BytesMut::with_capacity(1024);
     messages::authentication_ok(&mut out);
-    for (name, value) in session_params.initial_report(&server_params) {
+    let session_mode = pool.mode() == PoolMode::Session;
+    let mut spellings = Vec::new();
+    let known = !session_mode
+        && params.wanted().all(|(name, value)| {
+            if defaults.get(name) == Some(value) {
+                return true;
+            }
+            pool.normalised(name, value)
+                .map(|spelling| spellings.push((name.clone(), spelling)))
+                .is_some()
+        });
+    let checkout = if known {
+        for (name, spelling) in spellings {
+            params.take_spelling(&name, spelling);
+        }
+        None
+    } else {
+        // A login waits for no server connection (the pool may be paused,
+        // or busy; in session mode an application may open more
+        // connections than pool_size before it uses any): without a free
+        // one, the client is told its values as it gave them and the
+        // server's spelling when its first transaction applies them (as a
+        // ParameterStatus), and in session mode usher's own pid.
+        pool.checkout_if_free().await.transpose()?
+    };
+    let mut held = None;
+    if let Some(mut checkout) = checkout {
+        let asked: Vec<(String, String)> = params
+            .wanted()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let settings = params.sync_settings(&checkout.conn, &defaults);
+        let before = out.len();
+        if !settings.is_empty() {
+            if let Err(e) = checkout
+                .conn
+                .apply_startup_settings(&settings, &mut out)
+                .await
+            {
+                let e = match e {
+                    // The server is ready again and its parameters are
+                    // known: the connection is fine, the client's
+                    // parameter is not; it ends the login as it would
+                    // directly.
+                    crate::backend::QueryError::Server(e) => {
+                        pool.checkin(checkout);
+                        PgError {
+                            severity: crate::protocol::Severity::Fatal,
+                            code: e.code,
+                            message: e.message,
+                            detail: e.detail,
+                            hint: e.hint,
+                        }
+                    }
+                    e => {
+                        pool.discard(checkout);
+                        PgError::fatal(e.sqlstate(), e.to_string())
+                    }
+                };
+                stream.write_all(&out).await.map_err(gone)?;
+                return Err(e);
+            }
+            params.after_sync(&mut checkout.conn, &defaults);
+        }
+        if out.len() == before {
+            // Nothing to say about these values: later logins may skip
+            // the server.
+            let learnt = asked.into_iter().filter_map(|(name, raw)| {
+                let now = params.wanted().find(|(n, _)| **n == name)?.1.clone();
+                Some(((name, raw), now))
+            });
+            pool.learn_normalised(learnt.collect::<Vec<_>>());
+        }
+        if session_mode {
+            registration.tell_pid(checkout.conn.backend_pid());
+            held = Some(checkout);
+        } else {
+            pool.checkin(checkout);
+        }
+    }
+    let mut report = params.initial_report(&defaults);
+    // PostgreSQL's order: by name, whatever the case.
+    report.sort_by_cached_key(|(name, _)| name.to_ascii_lowercase());
+    for (name, value) in report {
         messages::parameter_status(&mut out, &name, &value);
     }
-    messages::backend_key_data(
-        &mut out,
-        registration.handle.pid,
-        registration.handle.secret,
-    );
+    stream.write_all(&out).await.map_err(gone)?;
+    out.clear();
+    let (pid, secret) = (registration.handle.pid(), registration.handle.secret);
+    let mut session = Box::new(Session::new(
+        deps.clone(),
+        pool,
+        params,
+        defaults,
+        registration,
+        client,
+        vars,
+    ));
+    if let Some(checkout) = held {
+        session.hold_login_server(checkout);
+        session.start_on_login_server(stream).await?;
+    }
+    messages::backend_key_data(&mut out, pid, secret);
     for n in notices {
         PgError::notice(n).encode(&mut out);
     }
     messages::ready_for_query(&mut out, status::IDLE);
-    stream
-        .write_all(&out)
-        .await
-        .map_err(|_| PgError::protocol("client went away"))?;
-    Ok(Some(LoggedIn::Session(Box::new(Session::new(
-        deps.clone(),
-        pool,
-        session_params,
-        server_params,
-        registration,
-        client,
-        vars,
-    )))))
+    stream.write_all(&out).await.map_err(gone)?;
+    Ok(session)
 }
 
 /// Picks the method for this connection, or refuses it: TLS when
@@ -542,16 +696,23 @@ async fn startup(
 }
 
 /// What usher logs in to the server with for this user: the plaintext or
-/// md5 hash it holds, or the SCRAM keys this login yielded (pass-through).
+/// md5 hash it holds, or the SCRAM keys this login yielded (pass-through),
+/// with the cleartext password when the client sent it.
 fn server_credential(secret: Option<&Secret>, authenticated: &Authenticated) -> ServerCredential {
     match secret {
         Some(Secret::Plain { password, .. }) => ServerCredential::Password(password.clone()),
         Some(Secret::Md5(hash)) => ServerCredential::Md5(hash.clone()),
         Some(Secret::Scram(verifier)) => match authenticated.scram_client_key {
-            Some(client_key) => ServerCredential::Scram(ScramKeys {
-                client_key,
-                verifier: verifier.clone(),
-            }),
+            Some(client_key) => {
+                let keys = ScramKeys {
+                    client_key,
+                    verifier: verifier.clone(),
+                };
+                match &authenticated.cleartext {
+                    Some(password) => ServerCredential::ScramAndPassword(keys, password.clone()),
+                    None => ServerCredential::Scram(keys),
+                }
+            }
             None => ServerCredential::None,
         },
         None => ServerCredential::None,

@@ -80,6 +80,11 @@ impl From<crate::backend::ConnectError> for PgError {
                 detail: e.detail,
                 hint: e.hint,
             },
+            crate::backend::ConnectError::NoSecret { has, hint, .. } => {
+                PgError::fatal(e.sqlstate(), e.to_string())
+                    .with_detail(format!("usher has {has}"))
+                    .with_hint(hint)
+            }
             e => PgError::fatal(e.sqlstate(), e.to_string()),
         }
     }
@@ -237,10 +242,11 @@ mod tests {
                 ConnectError::NoSecret {
                     user: "alice".into(),
                     asked: "a SCRAM password",
-                    has: "only an md5 hash",
+                    has: "only the user's md5 hash",
+                    hint: "give usher the plaintext password",
                 },
-                "28P01",
-                "server asked for a SCRAM password for user \"alice\" and usher has only an md5 hash",
+                "28000",
+                "the server asked for a SCRAM password for user \"alice\", which usher does not have",
             ),
             (
                 ConnectError::NoSaslMechanism,

@@ -141,7 +141,8 @@ impl SessionParams {
         let mut settings: Vec<Setting> = self
             .wanted
             .iter()
-            .filter(|(name, _)| !SERVER_SET.contains(&name.as_str()))
+            // (A server-set name here came in the startup packet: applied,
+            // it fails as it would directly, 55P02.)
             .filter(|(name, value)| conn.params().get(*name) != Some(*value))
             .map(|(name, value)| Setting {
                 name: name.clone(),
@@ -179,12 +180,11 @@ impl SessionParams {
                         changed.push((name.clone(), now.clone()));
                         // The layer the value came from takes the server's
                         // spelling too, so a rebuild does not undo it.
-                        let layer = [&mut self.client, &mut self.hook, &mut self.startup]
-                            .into_iter()
-                            .find(|l| l.contains_key(name));
-                        if let Some(layer) = layer {
-                            layer.insert(name.clone(), now.clone());
-                        }
+                        respell(
+                            [&mut self.client, &mut self.hook, &mut self.startup],
+                            name,
+                            now.clone(),
+                        );
                     }
                 }
             } else {
@@ -236,6 +236,32 @@ impl SessionParams {
             }
         }
         self.rebuild();
+    }
+
+    /// The merged parameters, canonical names, values as they stand.
+    pub fn wanted(&self) -> impl Iterator<Item = (&String, &String)> {
+        self.wanted.iter()
+    }
+
+    /// Takes the server's spelling of a wanted value, learnt elsewhere (a
+    /// pool's memory of earlier logins).
+    pub fn take_spelling(&mut self, name: &str, value: String) {
+        if let Some(v) = self.wanted.get_mut(name) {
+            *v = value.clone();
+            respell(
+                [&mut self.client, &mut self.hook, &mut self.startup],
+                name,
+                value,
+            );
+        }
+    }
+}
+
+/// Gives the value of `name` in the first layer that has it (the one that
+/// wins) the server's spelling.
+fn respell(layers: [&mut HashMap<String, String>; 3], name: &str, value: String) {
+    if let Some(layer) = layers.into_iter().find(|l| l.contains_key(name)) {
+        layer.insert(name.to_string(), value);
     }
 }
 

@@ -56,8 +56,11 @@ pub struct ClientFacts {
 pub struct ClientHandle {
     /// usher's sequential id for the client (SHOW CLIENTS' `id`, KILL_CLIENT's argument).
     pub id: u64,
-    /// The client's BackendKeyData pid.
-    pub pid: u32,
+    /// The client's BackendKeyData pid: usher's own, or (session mode) its
+    /// backend's. Not unique: a backend reused by a later client, or two
+    /// servers, may give two clients the same one; the secret tells them
+    /// apart.
+    pid: AtomicU32,
     pub secret: u32,
     pub facts: ClientFacts,
     pub connect_time: SystemTime,
@@ -82,6 +85,11 @@ struct KillSwitch {
 }
 
 impl ClientHandle {
+    /// The pid the client was told (BackendKeyData).
+    pub fn pid(&self) -> u32 {
+        self.pid.load(Ordering::Relaxed)
+    }
+
     /// A client begins to wait for a server connection.
     pub fn waiting(&self) {
         let now = unix_us(SystemTime::now());
@@ -168,10 +176,11 @@ fn unix_us(t: SystemTime) -> u64 {
         .map_or(0, |d| d.as_micros() as u64)
 }
 
-/// All connected clients, keyed by their pid.
+/// All connected clients, keyed by the pid they were told (several may
+/// share one).
 #[derive(Debug, Default)]
 pub struct ClientRegistry {
-    by_pid: DashMap<u32, Arc<ClientHandle>>,
+    by_pid: DashMap<u32, Vec<Arc<ClientHandle>>>,
     count: AtomicUsize,
     next_id: AtomicU64,
 }
@@ -185,7 +194,21 @@ pub struct Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        self.registry.by_pid.remove(&self.handle.pid);
+        self.registry.unlist(&self.handle);
+    }
+}
+
+impl Registration {
+    /// Tells the client another pid from now on (session mode: its
+    /// backend's); the secret stays usher's own.
+    pub fn tell_pid(&self, pid: u32) {
+        self.registry.unlist(&self.handle);
+        self.handle.pid.store(pid, Ordering::Relaxed);
+        self.registry
+            .by_pid
+            .entry(pid)
+            .or_default()
+            .push(self.handle.clone());
     }
 }
 
@@ -220,7 +243,7 @@ impl ClientRegistry {
             if let dashmap::Entry::Vacant(v) = self.by_pid.entry(pid) {
                 let handle = Arc::new(ClientHandle {
                     id,
-                    pid,
+                    pid: AtomicU32::new(pid),
                     secret: rng.gen(),
                     facts,
                     connect_time: SystemTime::now(),
@@ -231,7 +254,7 @@ impl ClientRegistry {
                     serving: Mutex::new(None),
                     kill: KillSwitch::default(),
                 });
-                v.insert(handle.clone());
+                v.insert(vec![handle.clone()]);
                 return Registration {
                     registry: self.clone(),
                     handle,
@@ -241,18 +264,37 @@ impl ClientRegistry {
     }
 
     /// The server to cancel for a cancel request, if the key matches a client
-    /// that is being served right now.
+    /// that is being served right now. Every client told `pid` shares the entry: each secret is compared
+    /// (in constant time), and the one that matches is the client.
     pub fn cancel_target(&self, pid: u32, secret: u32) -> Option<Arc<ServerSummary>> {
-        let handle = self.by_pid.get(&pid)?.clone();
-        if !crate::auth::secret::ct_eq(&handle.secret.to_be_bytes(), &secret.to_be_bytes()) {
-            return None;
-        }
+        let handle = self
+            .by_pid
+            .get(&pid)?
+            .iter()
+            // Every secret is compared, whichever matches.
+            .fold(None, |found, h| {
+                if crate::auth::secret::ct_eq(&h.secret.to_be_bytes(), &secret.to_be_bytes()) {
+                    Some(h)
+                } else {
+                    found
+                }
+            })?
+            .clone();
         handle.server()
+    }
+
+    /// Takes a client out of its pid's entry.
+    fn unlist(&self, handle: &Arc<ClientHandle>) {
+        let pid = handle.pid();
+        if let Some(mut same) = self.by_pid.get_mut(&pid) {
+            same.retain(|h| !Arc::ptr_eq(h, handle));
+        }
+        self.by_pid.remove_if(&pid, |_, same| same.is_empty());
     }
 
     /// Every logged-in client, by id.
     pub fn all(&self) -> Vec<Arc<ClientHandle>> {
-        let mut all: Vec<_> = self.by_pid.iter().map(|e| e.value().clone()).collect();
+        let mut all: Vec<_> = self.by_pid.iter().flat_map(|e| e.value().clone()).collect();
         all.sort_by_key(|h| h.id);
         all
     }
@@ -261,8 +303,7 @@ impl ClientRegistry {
     pub fn by_id(&self, id: u64) -> Option<Arc<ClientHandle>> {
         self.by_pid
             .iter()
-            .find(|e| e.value().id == id)
-            .map(|e| e.value().clone())
+            .find_map(|e| e.value().iter().find(|h| h.id == id).cloned())
     }
 }
 
@@ -287,11 +328,48 @@ mod tests {
         let a = registry.register(facts());
         let b = registry.register(facts());
         assert!(b.handle.id > a.handle.id);
-        assert_eq!(registry.by_id(a.handle.id).unwrap().pid, a.handle.pid);
+        assert_eq!(registry.by_id(a.handle.id).unwrap().pid(), a.handle.pid());
         assert_eq!(registry.all().len(), 2);
         drop(a);
         assert_eq!(registry.all().len(), 1);
         assert!(registry.by_id(1).is_none());
+    }
+
+    #[test]
+    fn clients_told_the_same_pid_are_found_by_their_secret() {
+        let registry = Arc::new(ClientRegistry::default());
+        let a = registry.register(facts());
+        let b = registry.register(facts());
+        // A backend reused by b while a is still leaving: both told 4242.
+        a.tell_pid(4242);
+        b.tell_pid(4242);
+        assert_eq!((a.handle.pid(), b.handle.pid()), (4242, 4242));
+        let server = |id| {
+            Arc::new(ServerSummary {
+                id,
+                cancel: crate::backend::CancelTarget {
+                    host: "127.0.0.1".into(),
+                    port: 5432,
+                    pid: 4242,
+                    secret: id as u32,
+                },
+                connect_time: SystemTime::now(),
+                local: None,
+                tls: false,
+            })
+        };
+        a.handle.set_server(Some(server(1)));
+        b.handle.set_server(Some(server(2)));
+        let target = |secret| registry.cancel_target(4242, secret).map(|s| s.id);
+        assert_eq!(target(a.handle.secret), Some(1));
+        assert_eq!(target(b.handle.secret), Some(2));
+        assert_eq!(target(a.handle.secret ^ b.handle.secret ^ 1), None);
+        assert_eq!(registry.all().len(), 2);
+        drop(a);
+        assert_eq!(target(b.handle.secret), Some(2));
+        assert_eq!(registry.all().len(), 1);
+        drop(b);
+        assert!(registry.by_pid.is_empty());
     }
 
     #[test]

@@ -67,6 +67,9 @@ pub struct Session {
     statements: ClientStatements,
     /// Bytes of this client's read buffer charged to `SessionDeps::buffers`.
     charged: usize,
+    /// Session mode: the server connection the login took (the client was
+    /// told its backend's pid); the serve loop starts with it.
+    login_server: Option<Checkout>,
 }
 
 /// Why the serve loop ended.
@@ -140,6 +143,35 @@ impl Session {
             rewriting,
             statements: ClientStatements::default(),
             charged: 0,
+            login_server: None,
+        }
+    }
+
+    /// Session mode: the session will start on the server connection the
+    /// login took.
+    pub(crate) fn hold_login_server(&mut self, checkout: Checkout) {
+        self.login_server = Some(checkout);
+    }
+
+    /// Session mode, at login: the session begins on the server connection
+    /// the login took (session_start hooks, their parameters and
+    /// statements), as it would at the first checkout.
+    pub(crate) async fn start_on_login_server(
+        &mut self,
+        client: &mut ClientStream,
+    ) -> Result<(), PgError> {
+        let Some(mut checkout) = self.login_server.take() else {
+            return Ok(());
+        };
+        match self.start_on_server(client, &mut checkout).await {
+            Ok(()) => {
+                self.login_server = Some(checkout);
+                Ok(())
+            }
+            Err(e) => {
+                self.pool.discard(checkout);
+                Err(e)
+            }
         }
     }
 
@@ -162,6 +194,13 @@ impl Session {
             out_walker: FrameWalker::new(usize::MAX >> 1),
             notes: Vec::new(),
         };
+        if let Some(checkout) = self.login_server.take() {
+            self.handle
+                .set_server(Some(checkout.conn.summary().clone()));
+            fwd.held = Some(checkout);
+            self.pool.stats.client_active(1);
+            fwd.out_buf.reserve(BUFFER_SIZE);
+        }
         // Transaction mode: the session begins now, with no server
         // connection; session mode: when its server connection is assigned.
         let mut started = Ok(Vec::new());
@@ -760,25 +799,7 @@ impl Session {
             }
         };
         if !self.session_started {
-            // Session mode: the session begins with its server connection.
-            self.session_started = true;
-            let reused = checkout.conn.start_session();
-            let reason = if reused {
-                SessionReason::ReusedServer
-            } else {
-                SessionReason::NewSession
-            };
-            let exec = match self
-                .start_session(client, reason, Some(server_info(&checkout)))
-                .await
-            {
-                Ok(exec) => exec,
-                Err(e) => {
-                    self.pool.discard(checkout);
-                    return Err(e);
-                }
-            };
-            if let Err(e) = self.apply_session(client, &mut checkout, exec).await {
+            if let Err(e) = self.start_on_server(client, &mut checkout).await {
                 self.pool.discard(checkout);
                 return Err(e);
             }
@@ -806,6 +827,28 @@ impl Session {
         self.handle
             .set_server(Some(checkout.conn.summary().clone()));
         Ok(checkout)
+    }
+}
+
+impl Session {
+    /// Session mode: the session begins with its server connection
+    /// (session_start hooks, then their parameters and statements).
+    async fn start_on_server(
+        &mut self,
+        client: &mut ClientStream,
+        checkout: &mut Checkout,
+    ) -> Result<(), PgError> {
+        self.session_started = true;
+        let reused = checkout.conn.start_session();
+        let reason = if reused {
+            SessionReason::ReusedServer
+        } else {
+            SessionReason::NewSession
+        };
+        let exec = self
+            .start_session(client, reason, Some(server_info(checkout)))
+            .await?;
+        self.apply_session(client, checkout, exec).await
     }
 }
 

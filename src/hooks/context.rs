@@ -17,7 +17,8 @@ pub struct TlsInfo {
 /// Facts about a connected client, fixed for its life.
 #[derive(Debug, Clone)]
 pub struct ClientInfo {
-    /// usher's id for the connection (its BackendKeyData pid).
+    /// usher's own id for the connection (the BackendKeyData pid in
+    /// transaction mode; session mode tells the backend's pid).
     pub id: u32,
     pub user: String,
     pub database: String,

@@ -23,14 +23,19 @@ mod stats;
 pub use registry::Pools;
 pub use stats::PoolStats;
 
-use slots::{Lease, NoSlot, Pooled, Slots};
+use slots::{Lease, NoSlot, Pooled, Slot, Slots};
 
 use crate::backend::{self, ConnectError, ServerConn, ServerTarget};
 use crate::config::{PoolLimits, PoolMode};
 use arc_swap::ArcSwap;
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
+
+/// At most this many (parameter, value) pairs a pool remembers the
+/// server's spelling of.
+pub const NORMALISED_BOUND: usize = 1024;
 
 /// Server connections for one (database, user): the bookkeeping of
 /// `slots.rs` (permits, idle list, generations, pause, waiting) plus
@@ -44,6 +49,12 @@ pub struct Pool {
     /// ParameterStatus values of the first server connection: what clients
     /// are told at login.
     server_params: OnceLock<Arc<HashMap<String, String>>>,
+    /// What the server made of startup parameters at earlier logins:
+    /// (name, value asked) → the value it reports (`utf-8` → `UTF8`),
+    /// learnt only from settings applied without an error or a notice. A
+    /// transaction-mode login whose every parameter is known here needs no
+    /// server connection to tell the client the server's values.
+    normalised: Mutex<HashMap<(String, String), String>>,
     /// Shared with the checkouts, which count themselves (see [`stats::Lent`]).
     pub stats: Arc<PoolStats>,
 }
@@ -112,6 +123,7 @@ impl Pool {
             slots: Slots::new(settings, stats.clone()),
             target: ArcSwap::from_pointee(target),
             server_params: OnceLock::new(),
+            normalised: Mutex::new(HashMap::new()),
             stats,
         }
     }
@@ -202,9 +214,29 @@ impl Pool {
         Ok(self.server_params.get_or_init(|| params).clone())
     }
 
+    /// What the server reports for parameter `name` set to `value`, if an
+    /// earlier login learnt it.
+    pub fn normalised(&self, name: &str, value: &str) -> Option<String> {
+        self.normalised
+            .lock()
+            .get(&(name.to_string(), value.to_string()))
+            .cloned()
+    }
+
+    /// Remembers what the server made of startup parameters (bounded: the
+    /// memory starts over past [`NORMALISED_BOUND`] entries).
+    pub fn learn_normalised(&self, learnt: impl IntoIterator<Item = ((String, String), String)>) {
+        let mut known = self.normalised.lock();
+        for (key, value) in learnt {
+            if known.len() >= NORMALISED_BOUND {
+                known.clear();
+            }
+            known.insert(key, value);
+        }
+    }
+
     /// Waits for a server connection: an idle one if any is alive, else a new one.
     pub async fn checkout(&self) -> Result<Checkout, CheckoutError> {
-        let settings = self.slots.settings_full();
         let slot = self.slots.wait_for_slot().await.map_err(|e| match e {
             NoSlot::Closed => CheckoutError::Closed,
             NoSlot::TimedOut {
@@ -219,6 +251,22 @@ impl Pool {
                 paused,
             },
         })?;
+        self.lend(slot).await
+    }
+
+    /// A server connection if one may be had without waiting (the pool is
+    /// not paused and not all of its connections are lent); `None`
+    /// otherwise. Opening a new one is not waiting.
+    pub async fn checkout_if_free(&self) -> Option<Result<Checkout, CheckoutError>> {
+        let slot = self.slots.try_slot()?;
+        Some(self.lend(slot).await)
+    }
+
+    /// Lends a connection in `slot`: an idle one if any is alive, else a
+    /// new one.
+    async fn lend(&self, slot: Slot) -> Result<Checkout, CheckoutError> {
+        let settings = self.slots.settings_full();
+        let settings = &*settings;
         while let Some(conn) = self.slots.take_idle(Instant::now()) {
             if let Some(conn) = self.vet(conn).await {
                 return Ok(Checkout {
@@ -229,7 +277,7 @@ impl Pool {
         }
         // Boxed: connecting (TLS, SCRAM) is a large future that would
         // otherwise sit in every client task's state, idle or not.
-        let conn = Box::pin(self.connect(&settings))
+        let conn = Box::pin(self.connect(settings))
             .await
             .map_err(CheckoutError::Connect)?;
         tracing::debug!(server = conn.id(), pid = conn.backend_pid(), db = %self.database, user = %self.user, "server connection opened");

@@ -235,6 +235,16 @@ impl<C: Pooled> Slots<C> {
         }
     }
 
+    /// A slot if one is free now and the pool is not paused; no waiting.
+    pub(super) fn try_slot(&self) -> Option<Slot> {
+        if self.is_paused() {
+            return None;
+        }
+        let permit = self.permits.clone().try_acquire_owned().ok()?;
+        self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
+        Some(self.slot(permit))
+    }
+
     fn slot(&self, permit: OwnedSemaphorePermit) -> Slot {
         Slot {
             permit: Some(permit),

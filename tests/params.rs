@@ -5,22 +5,9 @@
 
 mod common;
 
-use common::{PgCluster, Usher, ALICE_PASSWORD};
+use common::{alice_with, PgCluster, Usher};
 
 const MODES: [&str; 2] = ["session", "transaction"];
-
-/// A client of usher (or of PostgreSQL directly, with `port`) with extra
-/// connection settings (`options`, `application_name`).
-async fn client(port: u16, extra: &str) -> tokio_postgres::Client {
-    let conn = format!(
-        "host=127.0.0.1 port={port} user=alice password={ALICE_PASSWORD} dbname=app {extra}"
-    );
-    let (c, driver) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
-        .await
-        .unwrap_or_else(|e| panic!("{conn}: {e:?}"));
-    tokio::spawn(driver);
-    c
-}
 
 async fn show(c: &tokio_postgres::Client, name: &str) -> String {
     let rows = c.simple_query(&format!("SHOW {name}")).await.unwrap();
@@ -57,14 +44,14 @@ async fn no_client_value_is_parsed_as_sql() {
     setup_schema(pg);
     let usher = Usher::start(pg, "pool_mode: transaction\npool_size: 1\n").await;
     let port = usher.addr.port();
-    let old_style = client(port, "options='-c standard_conforming_strings=off'").await;
+    let old_style = alice_with(port, "options='-c standard_conforming_strings=off'").await;
     assert_eq!(show(&old_style, "standard_conforming_strings").await, "off");
     for name in [
         r"C:\tools\",
         r"x\'; create table params_injected(x int); --",
     ] {
         let quoted = name.replace('\\', r"\\").replace('\'', r"\'");
-        let c = client(port, &format!("application_name='{quoted}'")).await;
+        let c = alice_with(port, &format!("application_name='{quoted}'")).await;
         assert_eq!(show(&c, "application_name").await, name);
         assert_eq!(show(&c, "standard_conforming_strings").await, "on");
         // The first client's setting is back for it, and so on in turn.
@@ -81,12 +68,12 @@ async fn list_valued_parameters_keep_their_meaning() {
     let pg = PgCluster::shared();
     setup_schema(pg);
     let options = "options='-c search_path=params_sa,public -c datestyle=postgres,dmy'";
-    let direct = client(pg.port, options).await;
+    let direct = alice_with(pg.port, options).await;
     let want_path = show(&direct, "search_path").await;
     let want_style = show(&direct, "datestyle").await;
     for mode in MODES {
         let usher = Usher::start(pg, &format!("pool_mode: {mode}\npool_size: 2\n")).await;
-        let c = client(usher.addr.port(), options).await;
+        let c = alice_with(usher.addr.port(), options).await;
         assert_eq!(show(&c, "search_path").await, want_path, "{mode}");
         assert_eq!(show(&c, "datestyle").await, want_style, "{mode}");
         c.simple_query("SELECT count(*) FROM only_in_sa")
@@ -116,7 +103,7 @@ async fn a_hooks_list_value_keeps_its_meaning() {
             ),
         )
         .await;
-        let c = client(usher.addr.port(), "").await;
+        let c = alice_with(usher.addr.port(), "").await;
         assert_eq!(show(&c, "search_path").await, "params_sa, public", "{mode}");
         c.simple_query("SELECT count(*) FROM only_in_sa")
             .await

@@ -9,21 +9,8 @@
 
 mod common;
 
-use common::{PgCluster, Usher, ALICE_PASSWORD};
+use common::{alice_with, PgCluster, Usher};
 use tokio_postgres::SimpleQueryMessage;
-
-/// A client of usher (or of PostgreSQL directly, with `port`) with extra
-/// connection settings.
-async fn client(port: u16, extra: &str) -> tokio_postgres::Client {
-    let conn = format!(
-        "host=127.0.0.1 port={port} user=alice password={ALICE_PASSWORD} dbname=app {extra}"
-    );
-    let (c, driver) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
-        .await
-        .unwrap_or_else(|e| panic!("{conn}: {e:?}"));
-    tokio::spawn(driver);
-    c
-}
 
 /// The single value a query returns (empty for NULL).
 async fn value(c: &tokio_postgres::Client, sql: &str) -> String {
@@ -58,7 +45,7 @@ async fn a_startup_value_survives_the_previous_clients_reset() {
     let usher = usher(pg, "session").await;
     let port = usher.addr.port();
     for round in 0..3 {
-        let c = client(port, "options='-c work_mem=8MB'").await;
+        let c = alice_with(port, "options='-c work_mem=8MB'").await;
         assert_eq!(value(&c, "SHOW work_mem").await, "8MB", "client {round}");
         drop(c);
         common::wait::eventually_async(common::wait::DEADLINE, "the client leaves", || async {
@@ -75,8 +62,8 @@ async fn a_set_stays_with_its_client() {
     let pg = PgCluster::shared();
     let usher = usher(pg, "transaction").await;
     let port = usher.addr.port();
-    let a = client(port, "").await;
-    let b = client(port, "").await;
+    let a = alice_with(port, "").await;
+    let b = alice_with(port, "").await;
     let default = value(&b, "SHOW statement_timeout").await;
     run(&a, "SET statement_timeout = '42s'").await;
     run(&a, "SET myapp.tenant = 'tenant-a'").await;
@@ -100,8 +87,8 @@ async fn set_config_stays_with_its_client() {
     let pg = PgCluster::shared();
     let usher = usher(pg, "transaction").await;
     let port = usher.addr.port();
-    let a = client(port, "").await;
-    let b = client(port, "").await;
+    let a = alice_with(port, "").await;
+    let b = alice_with(port, "").await;
     run(&a, "SELECT set_config('myapp.tenant', 'tenant-a', false)").await;
     assert_eq!(
         value(&b, "SELECT current_setting('myapp.tenant', true)").await,
@@ -118,8 +105,8 @@ async fn set_role_stays_with_its_client() {
     pg.psql_super("DO $$ BEGIN CREATE ROLE state_reader; EXCEPTION WHEN duplicate_object THEN NULL; END $$; GRANT state_reader TO alice");
     let usher = usher(pg, "transaction").await;
     let port = usher.addr.port();
-    let a = client(port, "").await;
-    let b = client(port, "").await;
+    let a = alice_with(port, "").await;
+    let b = alice_with(port, "").await;
     run(&a, "SET ROLE state_reader").await;
     assert_eq!(value(&b, "SELECT current_user").await, "alice");
     assert_eq!(value(&a, "SELECT current_user").await, "state_reader");
@@ -133,7 +120,7 @@ async fn set_role_stays_with_its_client() {
 async fn reset_returns_to_the_startup_value() {
     let pg = PgCluster::shared();
     let options = "options='-c DateStyle=Postgres,MDY -c work_mem=8MB'";
-    let direct = client(pg.port, options).await;
+    let direct = alice_with(pg.port, options).await;
     let script = [
         "SET datestyle TO iso",
         "SET work_mem = '16MB'",
@@ -148,7 +135,7 @@ async fn reset_returns_to_the_startup_value() {
     assert_eq!(want_work_mem, "8MB");
     for mode in ["session", "transaction"] {
         let usher = usher(pg, mode).await;
-        let c = client(usher.addr.port(), options).await;
+        let c = alice_with(usher.addr.port(), options).await;
         for sql in script {
             run(&c, sql).await;
         }
@@ -167,8 +154,8 @@ async fn a_rolled_back_set_is_undone() {
     let pg = PgCluster::shared();
     let usher = usher(pg, "transaction").await;
     let port = usher.addr.port();
-    let a = client(port, "").await;
-    let b = client(port, "").await;
+    let a = alice_with(port, "").await;
+    let b = alice_with(port, "").await;
     let default = value(&a, "SHOW statement_timeout").await;
     run(&a, "BEGIN; SET statement_timeout = '3s'; ROLLBACK").await;
     run(&b, "SELECT 1").await;

@@ -772,17 +772,7 @@ impl Session {
         })?;
         self.params.settle(read, conn, &self.defaults);
         if sync_now {
-            let settings = self.params.sync_settings(conn, &self.defaults);
-            if !settings.is_empty() {
-                conn.apply_settings(&settings, "").await.map_err(|e| {
-                    PgError::fatal(
-                        e.sqlstate(),
-                        format!("could not apply session parameters: {e}"),
-                    )
-                })?;
-                let changed = self.params.after_sync(conn, &self.defaults);
-                report_parameters(client, changed).await?;
-            }
+            self.apply_session(client, checkout, Vec::new()).await?;
         }
         Ok(())
     }

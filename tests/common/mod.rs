@@ -414,6 +414,19 @@ impl Drop for Usher {
 
 /// The usher binary for its one-shot commands (`check`, `hooks check`,
 /// `hooks try`); a running usher is started with [`UsherProcess::builder`].
+/// alice's client of `port` (usher, or PostgreSQL directly) with extra
+/// connection settings (`options='-c ...'`, `application_name=...`).
+pub async fn alice_with(port: u16, extra: &str) -> tokio_postgres::Client {
+    let conn = format!(
+        "host=127.0.0.1 port={port} user=alice password={ALICE_PASSWORD} dbname=app {extra}"
+    );
+    let (c, driver) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("{conn}: {e:?}"));
+    tokio::spawn(driver);
+    c
+}
+
 pub fn usher_cli() -> Command {
     Command::new(env!("CARGO_BIN_EXE_usher"))
 }

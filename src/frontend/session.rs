@@ -195,6 +195,8 @@ impl Session {
         };
         self.handle.set_server(None);
         self.deps.buffers.recharge(&mut self.charged, 0, 0);
+        // Pinned or not, the connection is the pool's again from here.
+        self.pin_slot = None;
         if let Some(checkout) = fwd.held.take() {
             self.pool.stats.client_active(-1);
             let clean = !interrupted
@@ -228,7 +230,6 @@ impl Session {
                 }
             }
         }
-        self.pin_slot = None;
         match &end {
             LoopEnd::ClientLeft | LoopEnd::ServerFatal => {}
             LoopEnd::Error(e) => Box::pin(close_with_error(&mut client, e)).await,

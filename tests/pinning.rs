@@ -22,7 +22,8 @@ struct Client {
 }
 
 async fn connect(port: u16) -> Client {
-    let conn = format!("host=127.0.0.1 port={port} user=alice password={ALICE_PASSWORD} dbname=app");
+    let conn =
+        format!("host=127.0.0.1 port={port} user=alice password={ALICE_PASSWORD} dbname=app");
     let (c, mut connection) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
         .await
         .unwrap_or_else(|e| panic!("{conn}: {e:?}"));
@@ -68,7 +69,11 @@ impl Client {
 }
 
 async fn usher(pg: &PgCluster, extra: &str) -> Usher {
-    Usher::start(pg, &format!("pool_mode: transaction\npool_size: 1\n{extra}")).await
+    Usher::start(
+        pg,
+        &format!("pool_mode: transaction\npool_size: 1\n{extra}"),
+    )
+    .await
 }
 
 /// Waits until `n` clients of alice's pool wait for a server connection.
@@ -119,9 +124,7 @@ fn waiting_now(usher: &Usher) -> usize {
         .iter()
         .find(|p| p.user == "alice")
         .map_or(0, |p| {
-            p.stats
-                .waiting
-                .load(std::sync::atomic::Ordering::Relaxed)
+            p.stats.waiting.load(std::sync::atomic::Ordering::Relaxed)
         })
 }
 
@@ -165,15 +168,20 @@ async fn listen_pins_until_unlisten() {
     let mut b = meanwhile(port, "SELECT pg_backend_pid()");
     let b_sees_nothing = |_: &str, notes: &[String]| assert!(notes.is_empty(), "b got {notes:?}");
     b_waits(&usher, &mut b, b_sees_nothing).await;
-    common::wait::eventually_async(common::wait::DEADLINE, "a gets its notification", || async {
-        a.notes() == ["for a"]
-    })
+    common::wait::eventually_async(
+        common::wait::DEADLINE,
+        "a gets its notification",
+        || async { a.notes() == ["for a"] },
+    )
     .await;
     assert_eq!(a.value("SELECT pg_backend_pid()").await, pid, "a keeps it");
     a.run("UNLISTEN *").await;
     let (b_pid, b_notes) = b.await.unwrap();
     b_sees_nothing(&b_pid, &b_notes);
-    assert_eq!(b_pid, pid, "the connection went to b once a stopped listening");
+    assert_eq!(
+        b_pid, pid,
+        "the connection went to b once a stopped listening"
+    );
     assert_eq!(pinned(&usher), 0);
 }
 
@@ -203,8 +211,10 @@ async fn an_advisory_lock_pins_until_unlock_all() {
         "a holds it"
     );
     assert_eq!(
-        a.value("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()")
-            .await,
+        a.value(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+        )
+        .await,
         "1",
         "a's lock, in a later transaction"
     );
@@ -228,7 +238,10 @@ async fn a_temporary_table_pins_until_dropped() {
         "SELECT (to_regclass('pg_temp.mine') IS NULL)::text || ' ' || pg_backend_pid()",
     );
     b_waits(&usher, &mut b, |none, _| {
-        assert!(none.starts_with("true "), "b sees a's temporary table: {none}")
+        assert!(
+            none.starts_with("true "),
+            "b sees a's temporary table: {none}"
+        )
     })
     .await;
     a.run("INSERT INTO mine VALUES (1)").await;
@@ -315,25 +328,30 @@ async fn pinning_error_refuses_the_statement() {
     assert!(db.message().contains("LISTEN"), "{}", db.message());
     assert!(db.hint().unwrap_or_default().contains("session"));
     assert_eq!(
-        a.value("SELECT count(*) FROM pg_listening_channels()").await,
+        a.value("SELECT count(*) FROM pg_listening_channels()")
+            .await,
         "0",
         "it never ran"
     );
-    let e = a
-        .c
-        .query("SELECT pg_advisory_lock($1)", &[&1i64])
-        .await
-        .unwrap_err();
+    let e =
+        a.c.query("SELECT pg_advisory_lock($1)", &[&1i64])
+            .await
+            .unwrap_err();
     assert_eq!(common::sqlstate(&e).as_deref(), Some("0A000"));
     a.run("BEGIN").await;
-    let e = a.c.simple_query("CREATE TEMP TABLE t ()").await.unwrap_err();
+    let e =
+        a.c.simple_query("CREATE TEMP TABLE t ()")
+            .await
+            .unwrap_err();
     assert_eq!(common::sqlstate(&e).as_deref(), Some("0A000"));
     let e = a.c.simple_query("SELECT 1").await.unwrap_err();
     assert_eq!(common::sqlstate(&e).as_deref(), Some("25P02"));
     a.run("ROLLBACK").await;
     assert_eq!(
-        a.value("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()")
-            .await,
+        a.value(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+        )
+        .await,
         "0"
     );
     assert_eq!(a.value("SELECT 1").await, "1");
@@ -350,7 +368,8 @@ async fn pinning_off_does_nothing() {
     a.run("LISTEN jobs").await;
     let b = connect(port).await;
     assert_eq!(
-        b.value("SELECT count(*) FROM pg_listening_channels()").await,
+        b.value("SELECT count(*) FROM pg_listening_channels()")
+            .await,
         "1",
         "b runs at once, on the backend that listens"
     );
@@ -382,7 +401,9 @@ async fn max_pinned_makes_the_next_pinner_wait() {
     assert_eq!(c.value("SELECT 1").await, "1", "unpinned work goes on");
     let waiter = tokio::spawn(async move {
         c.run("LISTEN two").await;
-        let listening = c.value("SELECT count(*) FROM pg_listening_channels()").await;
+        let listening = c
+            .value("SELECT count(*) FROM pg_listening_channels()")
+            .await;
         (c, listening)
     });
     waiting(&usher, 1).await;

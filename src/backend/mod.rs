@@ -18,8 +18,8 @@ pub(crate) mod stream;
 
 pub use connect::{connect, ServerTarget};
 pub use credential::{ServerCredential, SharedCredential};
-pub use held_state::HeldState;
 pub use error::{ConnectError, QueryError, ServerError, TlsStep, WireError};
+pub use held_state::HeldState;
 pub use stream::ServerStream;
 
 use crate::protocol::tags::field;

@@ -1073,8 +1073,11 @@ mod tests {
         assert_eq!((a.pinning, a.max_pinned), (Pinning::Error, 0));
         assert_eq!((b.pinning, b.max_pinned), (Pinning::Auto, 1));
         assert_eq!((cc.pinning, cc.max_pinned), (Pinning::Auto, 3));
-        let c = Config::from_yaml("pinning: off\nmax_pinned: 2\ndatabases: { a: {} }\n", "p.yaml")
-            .unwrap();
+        let c = Config::from_yaml(
+            "pinning: off\nmax_pinned: 2\ndatabases: { a: {} }\n",
+            "p.yaml",
+        )
+        .unwrap();
         let a = c.limits_for("a", "u");
         assert_eq!((a.pinning, a.max_pinned), (Pinning::Off, 2));
         let e = Config::from_yaml("pinning: sometimes\n", "p.yaml").unwrap_err();

@@ -1089,11 +1089,11 @@ mod tests {
         assert_eq!(h.flow.pinned(), PinKinds::LISTEN);
         // Other transactions keep it; a second pin needs no new slot.
         assert_eq!(transaction(&mut h, "select 1"), PinStep::Keep);
-        assert_eq!(transaction(&mut h, "select pg_advisory_lock(1)"), PinStep::Keep);
         assert_eq!(
-            h.flow.pinned(),
-            PinKinds::LISTEN | PinKinds::ADVISORY_LOCK
+            transaction(&mut h, "select pg_advisory_lock(1)"),
+            PinStep::Keep
         );
+        assert_eq!(h.flow.pinned(), PinKinds::LISTEN | PinKinds::ADVISORY_LOCK);
         // UNLISTEN may end it: the server is asked, and the lock remains.
         assert_eq!(transaction(&mut h, "UNLISTEN *"), PinStep::Check);
         assert_eq!(h.flow.checked(PinKinds::ADVISORY_LOCK), PinStep::Keep);
@@ -1147,7 +1147,11 @@ mod tests {
         h.flow.slot_taken();
         h.client(&query("BEGIN; CREATE TEMP TABLE t ()"));
         h.server(&cat(&[complete("BEGIN"), ready(status::IN_TRANSACTION)]));
-        assert_eq!(h.flow.state_left(), PinKinds::TEMP, "the client may leave now");
+        assert_eq!(
+            h.flow.state_left(),
+            PinKinds::TEMP,
+            "the client may leave now"
+        );
     }
 
     #[test]
@@ -1178,8 +1182,7 @@ mod tests {
         assert!(String::from_utf8_lossy(&stand_in).contains(REFUSED_MARKER));
         let error = msg(
             backend::ERROR_RESPONSE,
-            format!("SERROR\0C42703\0Mcolumn \"{REFUSED_MARKER}\" does not exist\0\0")
-                .as_bytes(),
+            format!("SERROR\0C42703\0Mcolumn \"{REFUSED_MARKER}\" does not exist\0\0").as_bytes(),
         );
         let got = h.server(&cat(&[
             complete("BEGIN"),
@@ -1206,7 +1209,10 @@ mod tests {
     fn a_refused_parse_keeps_its_name_and_types_and_a_skipped_one_owes_nothing() {
         let mut h = Harness::new(PoolMode::Transaction, false);
         h.flow = Flow::new(PoolMode::Transaction, false, Pinning::Error);
-        let parse = msg(frontend::PARSE, b"s1\0SELECT pg_advisory_lock($1)\0\0\x01\0\0\0\x14");
+        let parse = msg(
+            frontend::PARSE,
+            b"s1\0SELECT pg_advisory_lock($1)\0\0\x01\0\0\0\x14",
+        );
         let pipeline = cat(&[
             msg(frontend::PARSE, b"\0bad\0\0\0"),
             parse.clone(),

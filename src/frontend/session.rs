@@ -297,19 +297,18 @@ impl Session {
             // idle_transaction_timeout, so it cannot keep a server forever.
             // A pinned client between transactions is idle as in session mode.
             let keeps_server = self.mode == PoolMode::Session || !fwd.flow.pinned().is_empty();
-            let idle_limit = if fwd.held.is_none()
-                || (between_messages && fwd.flow.idle() && keeps_server)
-            {
-                pool.settings()
-                    .client_idle_timeout
-                    .map(|t| (t, idle_session_timeout as fn() -> PgError))
-            } else if fwd.flow.waiting_for_client() || !fwd.in_walker.at_boundary() {
-                pool.settings()
-                    .idle_transaction_timeout
-                    .map(|t| (t, idle_in_transaction_timeout as fn() -> PgError))
-            } else {
-                None
-            };
+            let idle_limit =
+                if fwd.held.is_none() || (between_messages && fwd.flow.idle() && keeps_server) {
+                    pool.settings()
+                        .client_idle_timeout
+                        .map(|t| (t, idle_session_timeout as fn() -> PgError))
+                } else if fwd.flow.waiting_for_client() || !fwd.in_walker.at_boundary() {
+                    pool.settings()
+                        .idle_transaction_timeout
+                        .map(|t| (t, idle_in_transaction_timeout as fn() -> PgError))
+                } else {
+                    None
+                };
             let in_buf = &mut fwd.in_buf;
             let out_buf = &mut fwd.out_buf;
             let held = &mut fwd.held;

@@ -165,9 +165,12 @@ pub fn scan(sql: &[u8]) -> Effects {
             b'\'' => at = skip_quoted(sql, at, b'\'', backslashes_escape(sql, at)),
             b'"' => {
                 let end = skip_quoted(sql, at, b'"', false);
-                // A quoted function name calls it all the same.
+                // A quoted function name calls it all the same (only the
+                // advisory lock functions matter: 16 bytes or more).
                 let name = &sql[at + 1..end.saturating_sub(1).max(at + 1)];
-                effects.note_function(Word::of(name));
+                if name.len() >= 16 {
+                    effects.note_function(Word::of(name));
+                }
                 previous = Word::Other;
                 at = end;
             }
@@ -196,7 +199,9 @@ pub fn scan(sql: &[u8]) -> Effects {
                             .any(|k| word.eq_ignore_ascii_case(k.as_bytes()));
                         effects.settings |= !local;
                     }
-                    if first == Word::Prepare && words_in_statement == 2 && kind != Word::Transaction
+                    if first == Word::Prepare
+                        && words_in_statement == 2
+                        && kind != Word::Transaction
                     {
                         // PREPARE name AS ... (PREPARE TRANSACTION is
                         // two-phase commit: the transaction leaves the session).
@@ -638,11 +643,17 @@ mod tests {
             ("SELECT * INTO TEMP t FROM x", K::TEMP),
             ("SELECT 1 AS a INTO TEMPORARY TABLE t", K::TEMP),
             ("CREATE TABLE pg_temp.t (a int)", K::TEMP),
-            ("CREATE FUNCTION pg_temp.f() RETURNS int LANGUAGE sql AS 'SELECT 1'", K::TEMP),
+            (
+                "CREATE FUNCTION pg_temp.f() RETURNS int LANGUAGE sql AS 'SELECT 1'",
+                K::TEMP,
+            ),
             ("CREATE TABLE t (a int) ON COMMIT DELETE ROWS", K::TEMP),
             ("EXPLAIN ANALYZE CREATE TEMP TABLE t AS SELECT 1", K::TEMP),
             ("DECLARE c CURSOR WITH HOLD FOR SELECT 1", K::HOLD_CURSOR),
-            ("declare c binary no scroll cursor with hold for select 1", K::HOLD_CURSOR),
+            (
+                "declare c binary no scroll cursor with hold for select 1",
+                K::HOLD_CURSOR,
+            ),
             ("PREPARE q (int) AS SELECT $1", K::SQL_PREPARE),
             ("prepare q as select 1", K::SQL_PREPARE),
             ("LOAD 'auto_explain'", K::LOAD),
@@ -726,7 +737,9 @@ mod tests {
         assert!(PinKinds::CHECKABLE.contains(PinKinds::HOLD_CURSOR));
         assert!(!PinKinds::CHECKABLE.intersects(PinKinds::LOAD | PinKinds::UNKNOWN));
         assert_eq!(
-            PinKinds::CHECKABLE.without(PinKinds::TEMP).and(PinKinds::TEMP),
+            PinKinds::CHECKABLE
+                .without(PinKinds::TEMP)
+                .and(PinKinds::TEMP),
             PinKinds::NONE
         );
     }

@@ -312,6 +312,17 @@ async fn discard_all_or_leaving_ends_the_pin() {
         "reset, then reused"
     );
     assert_eq!(pinned(&usher), 0);
+
+    // Leaving inside a transaction block: rolled back, then reset.
+    b.run("LISTEN y").await;
+    b.run("BEGIN").await;
+    drop(b);
+    let c = connect(port).await;
+    assert_eq!(
+        c.value("SELECT (SELECT count(*) FROM pg_listening_channels()) || ' ' || pg_backend_pid()")
+            .await,
+        format!("0 {pid}")
+    );
 }
 
 /// `pinning: error`: the statement is refused with 0A000 before it reaches

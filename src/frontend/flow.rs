@@ -151,6 +151,9 @@ pub struct Flow {
     unpins_seen: PinKinds,
     /// The session holds a pin slot of its pool.
     slot: bool,
+    /// Protocol-level statements whose text pins, by name: each Bind of
+    /// one pins again (usually empty).
+    pinning_statements: Vec<(String, PinKinds)>,
     /// No pin slot could be had: refuse the next pinning message
     /// (`max_pinned`, whether the session waited).
     refuse_next: Option<(usize, bool)>,
@@ -185,6 +188,7 @@ impl Flow {
             pins_seen: PinKinds::NONE,
             unpins_seen: PinKinds::NONE,
             slot: false,
+            pinning_statements: Vec::new(),
             refuse_next: None,
             refusals: VecDeque::new(),
             refusal: None,
@@ -218,11 +222,25 @@ impl Flow {
         let effects = match tag {
             frontend::QUERY => Some(sql_scan::scan_query(body)),
             frontend::PARSE => Some(sql_scan::scan_parse(body)),
+            frontend::BIND if !self.pinning_statements.is_empty() => {
+                self.bind_pins(body).map(|pins| Effects {
+                    pins,
+                    ..Effects::default()
+                })
+            }
+            frontend::CLOSE if !self.pinning_statements.is_empty() => {
+                if body.first() == Some(&crate::protocol::tags::target::STATEMENT) {
+                    let name = cstr(&body[1..]);
+                    self.pinning_statements
+                        .retain(|(n, _)| n.as_bytes() != name);
+                }
+                None
+            }
             _ => None,
         };
         let mut refused = None;
         if let Some(effects) = &effects {
-            match self.gate(effects) {
+            match self.gate(tag, effects) {
                 Gate::Pass => {}
                 Gate::NeedSlot => return ClientStep::Pin,
                 Gate::Refuse(error) => refused = Some(error),
@@ -266,6 +284,17 @@ impl Flow {
                 ClientStep::Refuse
             }
             (None, Some(effects)) => {
+                if tag == frontend::PARSE && self.pinning != Pinning::Off {
+                    // Each execution of a statement that pins pins again.
+                    let name = cstr(body);
+                    let pins = effects.pins.without(PinKinds::UNKNOWN);
+                    self.pinning_statements
+                        .retain(|(n, _)| n.as_bytes() != name);
+                    if !pins.is_empty() {
+                        let name = String::from_utf8_lossy(name).into_owned();
+                        self.pinning_statements.push((name, pins));
+                    }
+                }
                 self.note(effects);
                 step
             }
@@ -273,8 +302,25 @@ impl Flow {
         }
     }
 
-    /// Whether a Query or Parse with these effects may go out.
-    fn gate(&mut self, effects: &Effects) -> Gate {
+    /// What a Bind of a statement whose text pins pins (all such
+    /// statements' kinds if its names are not in the head usher saw).
+    fn bind_pins(&self, body: &[u8]) -> Option<PinKinds> {
+        let pins = match prepared::bind_names(body) {
+            Some((_, name, _)) => self
+                .pinning_statements
+                .iter()
+                .filter(|(n, _)| n == name)
+                .fold(PinKinds::NONE, |all, (_, k)| all | *k),
+            None => self
+                .pinning_statements
+                .iter()
+                .fold(PinKinds::NONE, |all, (_, k)| all | *k),
+        };
+        (!pins.is_empty()).then_some(pins)
+    }
+
+    /// Whether a Query, Parse or Bind with these effects may go out.
+    fn gate(&mut self, tag: u8, effects: &Effects) -> Gate {
         // What the scan recognised; state left by a text it could not read
         // is found by asking the server afterwards.
         let pins = effects.pins.without(PinKinds::UNKNOWN);
@@ -283,6 +329,13 @@ impl Flow {
         }
         match self.pinning {
             Pinning::Off => Gate::Pass,
+            // A Bind cannot be refused (it has no stand-in): the statement
+            // it runs pins even past max_pinned.
+            _ if tag == frontend::BIND => match self.refuse_next.take() {
+                Some(_) => Gate::Pass,
+                None if self.slot => Gate::Pass,
+                None => Gate::NeedSlot,
+            },
             Pinning::Error => Gate::Refuse(refused_for_pinning(pins)),
             Pinning::Auto if self.slot => Gate::Pass,
             Pinning::Auto => match self.refuse_next.take() {
@@ -471,6 +524,7 @@ impl Flow {
                 let discard_all = body == b"DISCARD ALL\0";
                 if discard_all || body == b"DEALLOCATE ALL\0" {
                     prepared.clear();
+                    self.pinning_statements.clear();
                     self.discarded |= discard_all;
                     note = Some(Note::StatementsDropped { discard_all });
                 }
@@ -590,7 +644,14 @@ impl Flow {
     }
 }
 
-/// What [`Flow::gate`] decided for a Query or Parse.
+/// The C string at the start of `body` (without its NUL).
+fn cstr(body: &[u8]) -> &[u8] {
+    body.iter()
+        .position(|b| *b == 0)
+        .map_or(body, |end| &body[..end])
+}
+
+/// What [`Flow::gate`] decided for a Query, Parse or Bind.
 enum Gate {
     Pass,
     NeedSlot,
@@ -1263,5 +1324,64 @@ mod tests {
         assert_eq!(h.flow.transaction_end(), PinStep::Release);
         // Next time it asks again.
         assert_eq!(h.client(&query("LISTEN a")), [ClientStep::Pin]);
+    }
+    #[test]
+    fn each_execution_of_a_prepared_statement_that_pins_pins_again() {
+        let mut h = Harness::new(PoolMode::Transaction, false);
+        let parse = msg(frontend::PARSE, b"s1\0SELECT pg_advisory_lock($1)\0\0\0");
+        let bind = msg(frontend::BIND, b"\0s1\0\0\0\0\0\0\0");
+        let execute = cat(&[
+            bind.clone(),
+            msg(frontend::EXECUTE, b"\0\0\0\0\0"),
+            msg(frontend::SYNC, b""),
+        ]);
+        let answer = cat(&[complete("SELECT 1"), ready(status::IDLE)]);
+        assert_eq!(h.client(&parse), [ClientStep::Pin]);
+        h.flow.slot_taken();
+        h.client(&cat(&[parse.clone(), execute.clone()]));
+        h.server(&answer);
+        assert_eq!(h.flow.transaction_end(), PinStep::Keep);
+        assert_eq!(
+            transaction(&mut h, "SELECT pg_advisory_unlock_all()"),
+            PinStep::Check
+        );
+        assert_eq!(h.flow.checked(PinKinds::NONE), PinStep::Release);
+        h.flow.slot_given_back();
+        // The statement runs again: it takes the lock again.
+        assert_eq!(h.client(&execute), [ClientStep::Pin]);
+        h.flow.slot_taken();
+        h.client(&execute);
+        h.server(&answer);
+        assert_eq!(h.flow.transaction_end(), PinStep::Keep);
+        // Without a slot to be had a Bind still goes (it cannot be
+        // refused); the state found pins past the cap.
+        assert_eq!(
+            transaction(&mut h, "SELECT pg_advisory_unlock_all()"),
+            PinStep::Check
+        );
+        h.flow.checked(PinKinds::NONE);
+        h.flow.slot_given_back();
+        assert_eq!(h.client(&execute), [ClientStep::Pin]);
+        h.flow.no_pin_slot(1, false);
+        assert_eq!(
+            h.client(&execute),
+            [
+                ClientStep::Forward,
+                ClientStep::Forward,
+                ClientStep::Forward
+            ]
+        );
+        h.server(&answer);
+        assert_eq!(h.flow.transaction_end(), PinStep::Keep);
+        // Once closed, a Bind of that name pins nothing.
+        h.client(&cat(&[
+            msg(frontend::CLOSE, b"Ss1\0"),
+            msg(frontend::SYNC, b""),
+        ]));
+        h.server(&cat(&[
+            msg(backend::CLOSE_COMPLETE, b""),
+            ready(status::IDLE),
+        ]));
+        assert!(h.flow.pinning_statements.is_empty());
     }
 }

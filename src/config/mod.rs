@@ -41,6 +41,32 @@ impl fmt::Display for PoolMode {
     }
 }
 
+/// What transaction mode does with a client whose statements leave state
+/// on its server connection that cannot move to another one (LISTEN,
+/// session advisory locks, temporary objects, WITH HOLD cursors, SQL
+/// PREPARE, LOAD).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pinning {
+    /// The client keeps its server connection until the state is gone or
+    /// it leaves (then the connection is reset).
+    Auto,
+    /// Such statements are refused (0A000) before they reach the server.
+    Error,
+    /// Nothing is done: the state stays on a connection others get.
+    Off,
+}
+
+impl fmt::Display for Pinning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Pinning::Auto => "auto",
+            Pinning::Error => "error",
+            Pinning::Off => "off",
+        })
+    }
+}
+
 /// How clients prove who they are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 pub enum AuthMethod {
@@ -114,6 +140,13 @@ pub struct Config {
     /// mode; 0 turns protocol-level prepared statement support off.
     #[serde(default = "defaults::prepared_statements")]
     pub prepared_statements: usize,
+    /// Transaction mode: what a client whose state cannot move gets.
+    #[serde(default = "defaults::pinning")]
+    pub pinning: Pinning,
+    /// Server connections per pool that pinned clients may hold at once
+    /// (0: no cap); unset: pool_size - 1, at least 1.
+    #[serde(default)]
+    pub max_pinned: Option<usize>,
     /// Seconds to open and log in a server connection.
     #[serde(default = "defaults::server_connect_timeout")]
     pub server_connect_timeout: f64,
@@ -330,6 +363,8 @@ pub struct DatabaseConfig {
     pub server_idle_timeout: Option<f64>,
     pub server_lifetime: Option<f64>,
     pub server_connect_timeout: Option<f64>,
+    pub pinning: Option<Pinning>,
+    pub max_pinned: Option<usize>,
 }
 
 /// Debug never shows the password (see [`security::redacted_user`]).
@@ -404,6 +439,7 @@ mod defaults {
         server_lifetime: f64 = "server_lifetime";
         server_check_delay: f64 = "server_check_delay";
         prepared_statements: usize = "prepared_statements";
+        pinning: super::Pinning = "pinning";
         max_message_size: usize = "max_message_size";
         max_buffered_message: usize = "max_buffered_message";
         max_buffered_total: usize = "max_buffered_total";
@@ -767,12 +803,13 @@ impl Config {
     /// Every limit of the pool for (database, user), with overrides applied.
     pub fn limits_for(&self, db: &str, user: &str) -> PoolLimits {
         let d = self.databases.get(db);
+        let size = self.pool_size_for(db, user);
         let secs = |v: f64| (v > 0.0).then(|| Duration::from_secs_f64(v));
         let pick =
             |f: fn(&DatabaseConfig) -> Option<f64>, global: f64| d.and_then(f).unwrap_or(global);
         PoolLimits {
             mode: self.pool_mode_for(db, user),
-            size: self.pool_size_for(db, user),
+            size,
             min_size: d
                 .and_then(|d| d.min_pool_size)
                 .unwrap_or(self.min_pool_size),
@@ -794,6 +831,11 @@ impl Config {
             server_check_delay: Duration::from_secs_f64(self.server_check_delay),
             server_reset_query: self.server_reset_query.clone(),
             prepared_statements: self.prepared_statements,
+            pinning: d.and_then(|d| d.pinning).unwrap_or(self.pinning),
+            max_pinned: d
+                .and_then(|d| d.max_pinned)
+                .or(self.max_pinned)
+                .unwrap_or_else(|| default_max_pinned(size)),
         }
     }
 }
@@ -833,6 +875,18 @@ pub struct PoolLimits {
     pub server_check_delay: Duration,
     pub server_reset_query: String,
     pub prepared_statements: usize,
+    /// Transaction mode: what a client whose state cannot move gets.
+    pub pinning: Pinning,
+    /// Server connections pinned clients may hold at once; 0: no cap.
+    pub max_pinned: usize,
+}
+
+/// `max_pinned` when none is set: all but one of the pool's connections
+/// (at least one), so a pool of more than one always keeps a connection
+/// for clients that do not pin, and a pool of one can still serve a
+/// client that does.
+pub fn default_max_pinned(pool_size: usize) -> usize {
+    pool_size.saturating_sub(1).max(1)
 }
 
 impl DatabaseConfig {
@@ -1002,6 +1056,32 @@ mod tests {
     fn admin_users_must_exist() {
         let e = Config::from_yaml("admin: { users: [root] }\n", "a.yaml").unwrap_err();
         assert_eq!(e.key, "admin.users[0]");
+    }
+
+    #[test]
+    fn pinning_and_max_pinned_are_global_and_per_database() {
+        let c = Config::from_yaml(
+            "pool_size: 4\ndatabases: { a: { pinning: error, max_pinned: 0 }, b: { pool_size: 1 }, c: {} }\n",
+            "p.yaml",
+        )
+        .unwrap();
+        let (a, b, cc) = (
+            c.limits_for("a", "u"),
+            c.limits_for("b", "u"),
+            c.limits_for("c", "u"),
+        );
+        assert_eq!((a.pinning, a.max_pinned), (Pinning::Error, 0));
+        assert_eq!((b.pinning, b.max_pinned), (Pinning::Auto, 1));
+        assert_eq!((cc.pinning, cc.max_pinned), (Pinning::Auto, 3));
+        let c = Config::from_yaml(
+            "pinning: off\nmax_pinned: 2\ndatabases: { a: {} }\n",
+            "p.yaml",
+        )
+        .unwrap();
+        let a = c.limits_for("a", "u");
+        assert_eq!((a.pinning, a.max_pinned), (Pinning::Off, 2));
+        let e = Config::from_yaml("pinning: sometimes\n", "p.yaml").unwrap_err();
+        assert_eq!(e.key, "pinning");
     }
 
     #[test]

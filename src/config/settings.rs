@@ -93,6 +93,9 @@ pub const SETTINGS: &[SettingSpec] = &[
     // Whether a client's named statements are rewritten is decided when it
     // connects; the bound per server connection applies at once.
     s("prepared_statements", Value("200"), NewClients, SHOW),
+    // Read when a client connects; the cap applies at each new pin.
+    s("pinning", Value("auto"), NewClients, HIDE),
+    s("max_pinned", Text("pool_size - 1, at least 1"), Live, HIDE),
     s("tls.mode", Value("allow"), NewClients, HIDE),
     s("tls.cert", Text("none"), NewClients, HIDE),
     s("tls.key", Text("none"), NewClients, HIDE),
@@ -160,6 +163,8 @@ pub const SETTINGS: &[SettingSpec] = &[
         Live,
         HIDE,
     ),
+    s("databases.<name>.pinning", Text("global"), NewClients, HIDE),
+    s("databases.<name>.max_pinned", Text("global"), Live, HIDE),
     s("users.<name>.password", Text("none"), NewClients, HIDE),
     s(
         "users.<name>.pool_mode",

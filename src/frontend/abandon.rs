@@ -10,7 +10,8 @@
 //!   (a CancelRequest, or CopyFail for COPY FROM STDIN), an open pipeline
 //!   gets its Sync, the answers are read and dropped up to the last
 //!   ReadyForQuery, an open transaction is rolled back, and the connection
-//!   goes back to the pool (reset first in session mode);
+//!   goes back to the pool (reset first in session mode, and in
+//!   transaction mode if the client held state on it that pins);
 //! - otherwise (half a message went out, or something failed) the work is
 //!   cancelled, usher's side of the socket is shut down, and usher reads
 //!   until the server closes it: then the backend is gone.
@@ -64,8 +65,13 @@ pub(super) async fn recover(pool: Arc<Pool>, mode: PoolMode, mut left: Abandoned
                 server = id,
                 "server connection recovered from a client that left"
             );
+            let state = left.flow.state_left();
             match mode {
                 PoolMode::Session => pool.reset_and_checkin(left.checkout).await,
+                // A pinned client's state goes with a reset.
+                PoolMode::Transaction if !state.is_empty() => {
+                    super::session::release_pinned(&pool, left.checkout, state).await
+                }
                 PoolMode::Transaction => pool.checkin(left.checkout),
             }
         }

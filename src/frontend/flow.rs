@@ -8,17 +8,33 @@
 //! messages owed, an unsynced pipeline, COPY IN, the transaction status, a
 //! completed DISCARD ALL, a FATAL from the server.
 //!
+//! Pinning (transaction mode): statements that leave state the server
+//! connection cannot hand to another client (`sql_scan::PinKinds`) make
+//! the session keep its connection across transactions until the state is
+//! gone ([`Flow::transaction_end`]: kept, released, or the server is asked
+//! what is left, [`Flow::checked`]). Before such a statement goes out the
+//! session takes a pin slot of its pool ([`ClientStep::Pin`], `max_pinned`);
+//! with `pinning: error`, or no slot to be had, the statement is refused
+//! ([`ClientStep::Refuse`]): it is replaced by one that fails on the
+//! server ([`refused_message`]), whose error is replaced by usher's
+//! ([`ServerStep::SendRefusal`]), so the answers stay in order and a
+//! transaction block is aborted as it would be directly.
+//!
 //! The serve loop (`session.rs`) only moves bytes: it walks them with a
 //! `FrameWalker`, hands each message to the flow, and acts on the
 //! [`ClientStep`] or [`ServerStep`] it returns. The unit tests below drive
 //! a flow with byte fixtures, as `protocol/frames.rs` is tested.
 
 use super::prepared::{self, Answer, ResponsePlan};
-use super::sql_scan::{self, Effects};
+use super::sql_scan::{self, Effects, PinKinds};
 use crate::backend::PreparedSet;
-use crate::config::PoolMode;
+use crate::config::{Pinning, PoolMode};
+use crate::protocol::error::sqlstate;
 use crate::protocol::messages;
 use crate::protocol::tags::{backend, frontend, status};
+use crate::protocol::PgError;
+use bytes::{BufMut, BytesMut};
+use std::collections::VecDeque;
 
 /// Server ErrorResponses up to this size are read whole for their SQLSTATE.
 pub const ERROR_BODY_LIMIT: usize = 64 * 1024;
@@ -42,6 +58,13 @@ pub enum ClientStep {
     Rewrite,
     /// Terminate: the client is leaving.
     Terminate,
+    /// It would pin the server connection and the session holds no pin
+    /// slot: stop before it, take one (or tell the flow it cannot be had,
+    /// [`Flow::no_pin_slot`]), and walk it again.
+    Pin,
+    /// It is refused: send [`refused_message`] in its place (the flow has
+    /// counted it as sent).
+    Refuse,
 }
 
 /// What to do with a server message.
@@ -58,7 +81,28 @@ pub enum ServerStep {
     /// Send ParseComplete instead (a Close that stood in for a Parse the
     /// server did not need).
     SendParseComplete,
+    /// The server's error for a refused statement: send usher's
+    /// ([`Flow::take_refusal`]) instead.
+    SendRefusal,
 }
+
+/// What a session does with its server connection at the end of a
+/// transaction (transaction mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PinStep {
+    /// Nothing ties the client to it: give it back.
+    Release,
+    /// The client holds state on it ([`Flow::pinned`]): keep it.
+    Keep,
+    /// A statement may have ended the state (or nobody knows what a text
+    /// usher did not read left): ask the server ([`Flow::checked`]).
+    Check,
+}
+
+/// The refused statement's stand-in: a quoted identifier no query can
+/// resolve, so the server fails it at parse analysis (42703), whatever the
+/// session, in order with the client's other messages.
+const REFUSED_MARKER: &str = "usher refused this statement";
 
 /// Something a server message told, for the session to record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,10 +147,34 @@ pub struct Flow {
     /// What the client's statements since the session last settled may
     /// have done to the session (settings changed).
     effects: Effects,
+    /// What pins do in this session (`off` in session mode).
+    pinning: Pinning,
+    /// State the server connection holds for this client (transaction
+    /// mode): the connection is kept until it is gone.
+    pinned: PinKinds,
+    /// State the client's statements since the last transaction end may
+    /// have left, and may have ended.
+    pins_seen: PinKinds,
+    unpins_seen: PinKinds,
+    /// The session holds a pin slot of its pool.
+    slot: bool,
+    /// Protocol-level statements whose text pins, by name: each Bind of
+    /// one pins again (usually empty).
+    pinning_statements: Vec<(String, PinKinds)>,
+    /// No pin slot could be had: refuse the next pinning message
+    /// (`max_pinned`, whether the session waited).
+    refuse_next: Option<(usize, bool)>,
+    /// Refused messages whose server error is owed: (the ReadyForQuery
+    /// that ends their Sync segment, counted from 1; usher's error).
+    refusals: VecDeque<(u64, PgError)>,
+    /// The error to send in place of the server's (after SendRefusal).
+    refusal: Option<PgError>,
+    syncs_sent: u64,
+    ready_seen: u64,
 }
 
 impl Flow {
-    pub fn new(mode: PoolMode, rewriting: bool) -> Self {
+    pub fn new(mode: PoolMode, rewriting: bool, pinning: Pinning) -> Self {
         Flow {
             mode,
             rewriting,
@@ -119,6 +187,20 @@ impl Flow {
             server_fatal: false,
             queries: 0,
             effects: Effects::default(),
+            pinning: match mode {
+                PoolMode::Transaction => pinning,
+                PoolMode::Session => Pinning::Off,
+            },
+            pinned: PinKinds::NONE,
+            pins_seen: PinKinds::NONE,
+            unpins_seen: PinKinds::NONE,
+            slot: false,
+            pinning_statements: Vec::new(),
+            refuse_next: None,
+            refusals: VecDeque::new(),
+            refusal: None,
+            syncs_sent: 0,
+            ready_seen: 0,
         }
     }
 
@@ -144,40 +226,224 @@ impl Flow {
 
     /// A client message (whole, or its head if it streams).
     pub fn client_message(&mut self, tag: u8, body: &[u8]) -> ClientStep {
-        match tag {
+        let effects = match tag {
+            frontend::QUERY => Some(sql_scan::scan_query(body)),
+            frontend::PARSE => Some(sql_scan::scan_parse(body)),
+            frontend::BIND if !self.pinning_statements.is_empty() => {
+                self.bind_pins(body).map(|pins| Effects {
+                    pins,
+                    ..Effects::default()
+                })
+            }
+            frontend::CLOSE if !self.pinning_statements.is_empty() => {
+                if body.first() == Some(&crate::protocol::tags::target::STATEMENT) {
+                    let name = cstr(&body[1..]);
+                    self.pinning_statements
+                        .retain(|(n, _)| n.as_bytes() != name);
+                }
+                None
+            }
+            _ => None,
+        };
+        let mut refused = None;
+        if let Some(effects) = &effects {
+            match self.gate(tag, effects) {
+                Gate::Pass => {}
+                Gate::NeedSlot => return ClientStep::Pin,
+                Gate::Refuse(error) => refused = Some(error),
+            }
+        }
+        let step = match tag {
             frontend::TERMINATE => return ClientStep::Terminate,
             frontend::QUERY | frontend::SYNC | frontend::FUNCTION_CALL => {
-                if tag == frontend::QUERY {
-                    self.queries += 1;
-                    self.effects.add(sql_scan::scan_query(body));
-                }
+                self.queries += u64::from(tag == frontend::QUERY);
                 self.pending += 1;
                 self.unsynced = false;
                 self.plan.sync_sent();
+                self.syncs_sent += 1;
+                ClientStep::Forward
             }
-            frontend::COPY_DONE | frontend::COPY_FAIL => self.copy_in = false,
-            frontend::FLUSH | frontend::COPY_DATA => {}
+            frontend::COPY_DONE | frontend::COPY_FAIL => {
+                self.copy_in = false;
+                ClientStep::Forward
+            }
+            frontend::FLUSH | frontend::COPY_DATA => ClientStep::Forward,
             frontend::PARSE | frontend::BIND | frontend::DESCRIBE | frontend::CLOSE
-                if self.rewriting && prepared::needs_rewrite(tag, body) =>
+                if refused.is_none() && self.rewriting && prepared::needs_rewrite(tag, body) =>
             {
-                if tag == frontend::PARSE {
-                    self.effects.add(sql_scan::scan_parse(body));
-                }
-                return ClientStep::Rewrite;
+                ClientStep::Rewrite
             }
             _ => {
                 self.unsynced = true;
                 self.queries += u64::from(tag == frontend::EXECUTE);
-                if tag == frontend::PARSE {
-                    self.effects.add(sql_scan::scan_parse(body));
-                }
                 if self.rewriting && matches!(tag, frontend::PARSE | frontend::CLOSE) {
                     // Its ParseComplete/CloseComplete goes to the client.
                     self.plan.passed();
                 }
+                ClientStep::Forward
             }
+        };
+        match (refused, effects) {
+            (Some(error), _) => {
+                // A Query ends its own segment; a Parse, the next Sync's.
+                let segment = self.syncs_sent + u64::from(tag == frontend::PARSE);
+                self.refusals.push_back((segment, error));
+                ClientStep::Refuse
+            }
+            (None, Some(effects)) => {
+                if tag == frontend::PARSE && self.pinning != Pinning::Off {
+                    // Each execution of a statement that pins pins again.
+                    let name = cstr(body);
+                    let pins = effects.pins.without(PinKinds::UNKNOWN);
+                    self.pinning_statements
+                        .retain(|(n, _)| n.as_bytes() != name);
+                    if !pins.is_empty() {
+                        let name = String::from_utf8_lossy(name).into_owned();
+                        self.pinning_statements.push((name, pins));
+                    }
+                }
+                self.note(effects);
+                step
+            }
+            (None, None) => step,
         }
-        ClientStep::Forward
+    }
+
+    /// What a Bind of a statement whose text pins pins (all such
+    /// statements' kinds if its names are not in the head usher saw).
+    fn bind_pins(&self, body: &[u8]) -> Option<PinKinds> {
+        let pins = match prepared::bind_names(body) {
+            Some((_, name, _)) => self
+                .pinning_statements
+                .iter()
+                .filter(|(n, _)| n == name)
+                .fold(PinKinds::NONE, |all, (_, k)| all | *k),
+            None => self
+                .pinning_statements
+                .iter()
+                .fold(PinKinds::NONE, |all, (_, k)| all | *k),
+        };
+        (!pins.is_empty()).then_some(pins)
+    }
+
+    /// Whether a Query, Parse or Bind with these effects may go out.
+    fn gate(&mut self, tag: u8, effects: &Effects) -> Gate {
+        // What the scan recognised; state left by a text it could not read
+        // is found by asking the server afterwards.
+        let pins = effects.pins.without(PinKinds::UNKNOWN);
+        if pins.is_empty() {
+            return Gate::Pass;
+        }
+        match self.pinning {
+            Pinning::Off => Gate::Pass,
+            // A Bind cannot be refused (it has no stand-in): the statement
+            // it runs pins even past max_pinned.
+            _ if tag == frontend::BIND => match self.refuse_next.take() {
+                Some(_) => Gate::Pass,
+                None if self.slot => Gate::Pass,
+                None => Gate::NeedSlot,
+            },
+            Pinning::Error => Gate::Refuse(refused_for_pinning(pins)),
+            Pinning::Auto if self.slot => Gate::Pass,
+            Pinning::Auto => match self.refuse_next.take() {
+                Some((max_pinned, waited)) => {
+                    Gate::Refuse(no_pin_slot_error(pins, max_pinned, waited))
+                }
+                None => Gate::NeedSlot,
+            },
+        }
+    }
+
+    /// Keeps what a text may do: its settings until the session settles
+    /// them, its pins until the transaction ends.
+    fn note(&mut self, effects: Effects) {
+        if self.pinning != Pinning::Off {
+            self.pins_seen |= effects.pins;
+            self.unpins_seen |= effects.unpins;
+        }
+        self.effects.add(effects);
+    }
+
+    /// The session took a pin slot (before a pinning statement, or for
+    /// state the server said it holds).
+    pub fn slot_taken(&mut self) {
+        self.slot = true;
+    }
+
+    /// The session gave its pin slot back.
+    pub fn slot_given_back(&mut self) {
+        self.slot = false;
+    }
+
+    /// The session holds a pin slot.
+    pub fn has_slot(&self) -> bool {
+        self.slot
+    }
+
+    /// No pin slot could be had for the message the flow stopped at
+    /// ([`ClientStep::Pin`]; `max_pinned` of the pool, and whether the
+    /// session waited for one): it is refused (53300) when walked again.
+    pub fn no_pin_slot(&mut self, max_pinned: usize, waited: bool) {
+        self.refuse_next = Some((max_pinned, waited));
+    }
+
+    /// The error to send in place of the server's, after
+    /// [`ServerStep::SendRefusal`].
+    pub fn take_refusal(&mut self) -> Option<PgError> {
+        self.refusal.take()
+    }
+
+    /// The transaction is over and nothing is owed (the flow said
+    /// [`ServerStep::ForwardThenRelease`]): keep the server connection,
+    /// give it back, or ask the server first.
+    pub fn transaction_end(&mut self) -> PinStep {
+        if self.pinning == Pinning::Off {
+            return PinStep::Release;
+        }
+        let candidates = self.pinned | self.pins_seen;
+        if candidates.is_empty() {
+            self.pins_seen = PinKinds::NONE;
+            self.unpins_seen = PinKinds::NONE;
+            return PinStep::Release;
+        }
+        let checkable = candidates.and(PinKinds::CHECKABLE);
+        if candidates.contains(PinKinds::UNKNOWN) || self.unpins_seen.intersects(checkable) {
+            return PinStep::Check;
+        }
+        self.pinned = candidates;
+        self.pins_seen = PinKinds::NONE;
+        self.unpins_seen = PinKinds::NONE;
+        PinStep::Keep
+    }
+
+    /// The server said which state it holds (after [`PinStep::Check`]):
+    /// that, and a LOAD (which nothing undoes), is what pins now.
+    pub fn checked(&mut self, present: PinKinds) -> PinStep {
+        let candidates = self.pinned | self.pins_seen;
+        self.pinned = present.and(PinKinds::CHECKABLE) | candidates.and(PinKinds::LOAD);
+        self.pins_seen = PinKinds::NONE;
+        self.unpins_seen = PinKinds::NONE;
+        if self.pinned.is_empty() {
+            PinStep::Release
+        } else {
+            PinStep::Keep
+        }
+    }
+
+    /// The state that keeps the server connection with this client.
+    pub fn pinned(&self) -> PinKinds {
+        self.pinned
+    }
+
+    /// State the server connection may hold for this client: what pins,
+    /// and what statements since the last transaction end may have left.
+    /// A connection with any goes back only after a reset.
+    pub fn state_left(&self) -> PinKinds {
+        if self.pinning == Pinning::Off {
+            PinKinds::NONE
+        } else {
+            self.pinned | self.pins_seen
+        }
     }
 
     /// A rewritten message went to the server in place of the client's.
@@ -229,6 +495,16 @@ impl Flow {
             backend::READY_FOR_QUERY => {
                 self.copy_in = false;
                 self.pending = self.pending.saturating_sub(1);
+                self.ready_seen += 1;
+                // A refused message the server skipped (an earlier error in
+                // its pipeline): its error will not come.
+                while self
+                    .refusals
+                    .front()
+                    .is_some_and(|(segment, _)| *segment <= self.ready_seen)
+                {
+                    self.refusals.pop_front();
+                }
                 self.status = body.first().copied().unwrap_or(status::IDLE);
                 if self.rewriting {
                     self.plan.ready(prepared);
@@ -255,6 +531,7 @@ impl Flow {
                 let discard_all = body == b"DISCARD ALL\0";
                 if discard_all || body == b"DEALLOCATE ALL\0" {
                     prepared.clear();
+                    self.pinning_statements.clear();
                     self.discarded |= discard_all;
                     note = Some(Note::StatementsDropped { discard_all });
                 }
@@ -269,21 +546,43 @@ impl Flow {
             }
             backend::ERROR_RESPONSE => {
                 self.server_fatal |= messages::error_is_fatal(body);
-                let code = messages::error_code(body).unwrap_or_default();
-                let stale = if self.rewriting && code == STALE_STATEMENT {
-                    self.plan.take_used()
+                if self.refused_answered(body) {
+                    ServerStep::SendRefusal
                 } else {
-                    Vec::new()
-                };
-                note = Some(Note::Error {
-                    code: code.to_vec(),
-                    stale,
-                });
-                ServerStep::Forward
+                    let code = messages::error_code(body).unwrap_or_default();
+                    let stale = if self.rewriting && code == STALE_STATEMENT {
+                        self.plan.take_used()
+                    } else {
+                        Vec::new()
+                    };
+                    note = Some(Note::Error {
+                        code: code.to_vec(),
+                        stale,
+                    });
+                    ServerStep::Forward
+                }
             }
             _ => ServerStep::Forward,
         };
         (step, note)
+    }
+
+    /// An ErrorResponse is the server's answer to a refused message's
+    /// stand-in (its segment is the one being answered, and it names the
+    /// marker): usher's error takes its place.
+    fn refused_answered(&mut self, body: &[u8]) -> bool {
+        let ours = self
+            .refusals
+            .front()
+            .is_some_and(|(segment, _)| *segment == self.ready_seen + 1)
+            && messages::error_message(body).is_some_and(|m| {
+                m.windows(REFUSED_MARKER.len())
+                    .any(|w| w == REFUSED_MARKER.as_bytes())
+            });
+        if ours {
+            self.refusal = self.refusals.pop_front().map(|(_, e)| e);
+        }
+        ours
     }
 
     /// Nothing is in flight: the server owes the client nothing.
@@ -359,6 +658,89 @@ impl Flow {
     }
 }
 
+/// The C string at the start of `body` (without its NUL).
+fn cstr(body: &[u8]) -> &[u8] {
+    body.iter()
+        .position(|b| *b == 0)
+        .map_or(body, |end| &body[..end])
+}
+
+/// What [`Flow::gate`] decided for a Query, Parse or Bind.
+enum Gate {
+    Pass,
+    NeedSlot,
+    Refuse(PgError),
+}
+
+/// What a client is told of a statement `pinning: error` refuses.
+fn refused_for_pinning(pins: PinKinds) -> PgError {
+    PgError::error(
+        sqlstate::FEATURE_NOT_SUPPORTED,
+        format!(
+            "{} is not supported in transaction mode: it would pin the server connection",
+            pins.describe()
+        ),
+    )
+    .with_detail("pinning is set to error for this database; the statement was not run")
+    .with_hint("Use pool_mode: session for this database, or pinning: auto.")
+}
+
+/// What a client is told when `max_pinned` clients of its pool already
+/// hold their server connections.
+fn no_pin_slot_error(pins: PinKinds, max_pinned: usize, waited: bool) -> PgError {
+    PgError::error(
+        sqlstate::TOO_MANY_CONNECTIONS,
+        format!(
+            "too many pinned server connections: {} would pin one more",
+            pins.describe()
+        ),
+    )
+    .with_detail(format!(
+        "max_pinned ({max_pinned}) clients of this pool already hold their server connections{}; the statement was not run",
+        if waited {
+            " and none gave one back within query_wait_timeout"
+        } else {
+            " (inside a transaction usher does not wait)"
+        }
+    ))
+    .with_hint("Raise max_pinned, end the state (UNLISTEN *, pg_advisory_unlock_all(), DISCARD ALL...), or use pool_mode: session.")
+}
+
+/// The message to send in place of a refused Query or Parse (whole body):
+/// a statement that fails on the server with [`REFUSED_MARKER`] in its
+/// error; a Parse keeps its name and parameter types.
+pub fn refused_message(tag: u8, body: &[u8]) -> BytesMut {
+    let text = format!("SELECT \"{REFUSED_MARKER}\"");
+    let mut out = BytesMut::with_capacity(64 + body.len().min(256));
+    out.put_u8(tag);
+    out.put_u32(0);
+    if tag == frontend::PARSE {
+        let (name, rest) = match body.iter().position(|b| *b == 0) {
+            Some(p) => (&body[..p], &body[p + 1..]),
+            None => (&[][..], &[][..]),
+        };
+        let types = rest
+            .iter()
+            .position(|b| *b == 0)
+            .map_or(&[][..], |p| &rest[p + 1..]);
+        out.put_slice(name);
+        out.put_u8(0);
+        out.put_slice(text.as_bytes());
+        out.put_u8(0);
+        if types.len() >= 2 {
+            out.put_slice(types);
+        } else {
+            out.put_u16(0);
+        }
+    } else {
+        out.put_slice(text.as_bytes());
+        out.put_u8(0);
+    }
+    let len = (out.len() - 1) as u32;
+    out[1..5].copy_from_slice(&len.to_be_bytes());
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -389,7 +771,7 @@ mod tests {
     impl Harness {
         fn new(mode: PoolMode, rewriting: bool) -> Self {
             Harness {
-                flow: Flow::new(mode, rewriting),
+                flow: Flow::new(mode, rewriting, Pinning::Auto),
                 prepared: PreparedSet::unbounded(),
                 client: FrameWalker::new(1 << 20),
                 server: FrameWalker::new(1 << 20),
@@ -443,10 +825,17 @@ mod tests {
                 rest = &rest[walked.forward..];
                 if walked.stopped
                     && out.last().is_some_and(|(s, _)| {
-                        matches!(s, ServerStep::Drop | ServerStep::SendParseComplete)
+                        matches!(
+                            s,
+                            ServerStep::Drop
+                                | ServerStep::SendParseComplete
+                                | ServerStep::SendRefusal
+                        )
                     })
                 {
-                    rest = &rest[5..]; // the answer replaced or dropped (no body)
+                    // The answer replaced or dropped.
+                    let len = u32::from_be_bytes(rest[1..5].try_into().unwrap()) as usize;
+                    rest = &rest[1 + len..];
                 }
             }
             out
@@ -775,5 +1164,276 @@ mod tests {
         ]));
         assert!(h.flow.settings_to_settle());
         assert_eq!(h.flow.settled(), ["myapp.tenant"]);
+    }
+
+    fn query(sql: &str) -> Vec<u8> {
+        msg(frontend::QUERY, format!("{sql}\0").as_bytes())
+    }
+
+    /// A client's transaction on a pinning-aware flow: the query, its
+    /// answer, and what the session does at the end.
+    fn transaction(h: &mut Harness, sql: &str) -> PinStep {
+        let mut steps = h.client(&query(sql));
+        if steps == [ClientStep::Pin] {
+            h.flow.slot_taken();
+            steps = h.client(&query(sql));
+        }
+        assert_eq!(steps, [ClientStep::Forward], "{sql}");
+        let got = h.server(&cat(&[complete("OK"), ready(status::IDLE)]));
+        assert_eq!(steps_of(&got).last(), Some(&ForwardThenRelease), "{sql}");
+        h.flow.transaction_end()
+    }
+
+    fn steps_of(list: &[(ServerStep, Option<Note>)]) -> Vec<ServerStep> {
+        steps(list)
+    }
+
+    #[test]
+    fn a_listen_pins_the_connection_until_the_server_says_it_is_gone() {
+        let mut h = Harness::new(PoolMode::Transaction, false);
+        assert_eq!(transaction(&mut h, "select 1"), PinStep::Release);
+        // The first pinning statement stops for a pin slot.
+        assert_eq!(h.client(&query("LISTEN jobs")), [ClientStep::Pin]);
+        assert_eq!(h.flow.pending(), 0, "not counted before it goes out");
+        h.flow.slot_taken();
+        assert_eq!(h.client(&query("LISTEN jobs")), [ClientStep::Forward]);
+        h.server(&cat(&[complete("LISTEN"), ready(status::IDLE)]));
+        assert_eq!(h.flow.transaction_end(), PinStep::Keep);
+        assert_eq!(h.flow.pinned(), PinKinds::LISTEN);
+        // Other transactions keep it; a second pin needs no new slot.
+        assert_eq!(transaction(&mut h, "select 1"), PinStep::Keep);
+        assert_eq!(
+            transaction(&mut h, "select pg_advisory_lock(1)"),
+            PinStep::Keep
+        );
+        assert_eq!(h.flow.pinned(), PinKinds::LISTEN | PinKinds::ADVISORY_LOCK);
+        // UNLISTEN may end it: the server is asked, and the lock remains.
+        assert_eq!(transaction(&mut h, "UNLISTEN *"), PinStep::Check);
+        assert_eq!(h.flow.checked(PinKinds::ADVISORY_LOCK), PinStep::Keep);
+        assert_eq!(h.flow.pinned(), PinKinds::ADVISORY_LOCK);
+        assert_eq!(
+            transaction(&mut h, "select pg_advisory_unlock_all()"),
+            PinStep::Check
+        );
+        assert_eq!(h.flow.checked(PinKinds::NONE), PinStep::Release);
+        assert!(h.flow.pinned().is_empty() && h.flow.state_left().is_empty());
+    }
+
+    #[test]
+    fn a_pin_and_its_end_in_one_transaction_ask_the_server() {
+        let mut h = Harness::new(PoolMode::Transaction, false);
+        h.flow.slot_taken();
+        assert_eq!(
+            transaction(&mut h, "CREATE TEMP TABLE t () ON COMMIT DROP"),
+            PinStep::Check
+        );
+        assert_eq!(h.flow.checked(PinKinds::NONE), PinStep::Release);
+        assert_eq!(
+            transaction(&mut h, "LISTEN a; UNLISTEN *"),
+            PinStep::Check,
+            "pins and unpins: the server decides"
+        );
+        assert_eq!(h.flow.checked(PinKinds::NONE), PinStep::Release);
+    }
+
+    #[test]
+    fn a_statement_usher_cannot_read_is_checked_and_load_stays() {
+        let mut h = Harness::new(PoolMode::Transaction, false);
+        // A DO body is not read: the server is asked, even when unpinned.
+        assert_eq!(
+            transaction(&mut h, "DO $$ BEGIN CREATE TEMP TABLE t (); END $$"),
+            PinStep::Check
+        );
+        assert_eq!(h.flow.checked(PinKinds::TEMP), PinStep::Keep);
+        assert_eq!(h.flow.pinned(), PinKinds::TEMP);
+        // LOAD cannot be undone or asked about: it pins for good.
+        assert_eq!(transaction(&mut h, "LOAD 'plpgsql'"), PinStep::Keep);
+        assert_eq!(transaction(&mut h, "DISCARD ALL"), PinStep::Check);
+        assert_eq!(h.flow.checked(PinKinds::NONE), PinStep::Keep);
+        assert_eq!(h.flow.pinned(), PinKinds::LOAD);
+        assert!(h.flow.state_left().contains(PinKinds::LOAD));
+    }
+
+    #[test]
+    fn state_not_yet_judged_is_left_state() {
+        let mut h = Harness::new(PoolMode::Transaction, false);
+        h.flow.slot_taken();
+        h.client(&query("BEGIN; CREATE TEMP TABLE t ()"));
+        h.server(&cat(&[complete("BEGIN"), ready(status::IN_TRANSACTION)]));
+        assert_eq!(
+            h.flow.state_left(),
+            PinKinds::TEMP,
+            "the client may leave now"
+        );
+    }
+
+    #[test]
+    fn pinning_off_and_session_mode_never_pin() {
+        let mut off = Harness::new(PoolMode::Transaction, false);
+        off.flow = Flow::new(PoolMode::Transaction, false, Pinning::Off);
+        assert_eq!(transaction(&mut off, "LISTEN a"), PinStep::Release);
+        assert!(off.flow.state_left().is_empty());
+        let mut session = Harness::new(PoolMode::Session, false);
+        assert_eq!(
+            session.client(&query("LISTEN a")),
+            [ClientStep::Forward],
+            "session mode keeps its connection anyway"
+        );
+        assert!(session.flow.state_left().is_empty());
+    }
+
+    #[test]
+    fn pinning_error_refuses_the_statement_in_order() {
+        let mut h = Harness::new(PoolMode::Transaction, false);
+        h.flow = Flow::new(PoolMode::Transaction, false, Pinning::Error);
+        h.client(&query("BEGIN"));
+        assert_eq!(h.client(&query("LISTEN a")), [ClientStep::Refuse]);
+        assert_eq!(h.flow.pending(), 2, "counted: its stand-in goes out");
+        // The stand-in fails on the server, after the BEGIN's answer.
+        let stand_in = refused_message(frontend::QUERY, b"LISTEN a\0");
+        assert_eq!(stand_in[0], frontend::QUERY);
+        assert!(String::from_utf8_lossy(&stand_in).contains(REFUSED_MARKER));
+        let error = msg(
+            backend::ERROR_RESPONSE,
+            format!("SERROR\0C42703\0Mcolumn \"{REFUSED_MARKER}\" does not exist\0\0").as_bytes(),
+        );
+        let got = h.server(&cat(&[
+            complete("BEGIN"),
+            ready(status::IN_TRANSACTION),
+            error.clone(),
+            ready(status::FAILED),
+        ]));
+        assert_eq!(
+            steps(&got),
+            [Forward, Forward, ServerStep::SendRefusal, Forward]
+        );
+        let refusal = h.flow.take_refusal().unwrap();
+        assert_eq!(refusal.code, "0A000");
+        assert!(refusal.message.contains("LISTEN"), "{}", refusal.message);
+        assert!(refusal.hint.as_deref().unwrap().contains("session"));
+        assert!(h.flow.state_left().is_empty(), "nothing ran");
+        // The same error text from another statement is the server's.
+        h.client(&query("select \"usher refused this statement\""));
+        let got = h.server(&cat(&[error, ready(status::FAILED)]));
+        assert_eq!(steps(&got), [Forward, Forward]);
+    }
+
+    #[test]
+    fn a_refused_parse_keeps_its_name_and_types_and_a_skipped_one_owes_nothing() {
+        let mut h = Harness::new(PoolMode::Transaction, false);
+        h.flow = Flow::new(PoolMode::Transaction, false, Pinning::Error);
+        let parse = msg(
+            frontend::PARSE,
+            b"s1\0SELECT pg_advisory_lock($1)\0\0\x01\0\0\0\x14",
+        );
+        let pipeline = cat(&[
+            msg(frontend::PARSE, b"\0bad\0\0\0"),
+            parse.clone(),
+            msg(frontend::SYNC, b""),
+        ]);
+        assert_eq!(
+            h.client(&pipeline),
+            [ClientStep::Forward, ClientStep::Refuse]
+        );
+        let stand_in = refused_message(frontend::PARSE, &parse[5..]);
+        assert!(stand_in.starts_with(b"P"));
+        assert!(stand_in[5..].starts_with(b"s1\0SELECT \""));
+        assert!(stand_in.ends_with(b"\0\0\x01\0\0\0\x14"));
+        assert_eq!(
+            u32::from_be_bytes(stand_in[1..5].try_into().unwrap()) as usize,
+            stand_in.len() - 1
+        );
+        // The rest of the pipeline (after the stand-in went out).
+        h.client(&msg(frontend::SYNC, b""));
+        // The first Parse fails: the server skips the stand-in.
+        let got = h.server(&cat(&[
+            msg(backend::ERROR_RESPONSE, b"SERROR\0C42601\0Msyntax\0\0"),
+            ready(status::IDLE),
+        ]));
+        assert_eq!(steps(&got), [Forward, ForwardThenRelease]);
+        assert!(h.flow.take_refusal().is_none());
+        assert!(h.flow.refusals.is_empty(), "its error will not come");
+    }
+
+    #[test]
+    fn without_a_pin_slot_the_statement_is_refused_with_53300() {
+        let mut h = Harness::new(PoolMode::Transaction, false);
+        assert_eq!(h.client(&query("LISTEN a")), [ClientStep::Pin]);
+        h.flow.no_pin_slot(3, true);
+        assert_eq!(h.client(&query("LISTEN a")), [ClientStep::Refuse]);
+        let got = h.server(&cat(&[
+            msg(
+                backend::ERROR_RESPONSE,
+                format!("SERROR\0C42703\0Mcolumn \"{REFUSED_MARKER}\" does not exist\0\0")
+                    .as_bytes(),
+            ),
+            ready(status::IDLE),
+        ]));
+        assert_eq!(steps(&got), [ServerStep::SendRefusal, ForwardThenRelease]);
+        let e = h.flow.take_refusal().unwrap();
+        assert_eq!(e.code, "53300");
+        assert!(e.detail.unwrap().contains("max_pinned (3)"));
+        assert_eq!(h.flow.transaction_end(), PinStep::Release);
+        // Next time it asks again.
+        assert_eq!(h.client(&query("LISTEN a")), [ClientStep::Pin]);
+    }
+    #[test]
+    fn each_execution_of_a_prepared_statement_that_pins_pins_again() {
+        let mut h = Harness::new(PoolMode::Transaction, false);
+        let parse = msg(frontend::PARSE, b"s1\0SELECT pg_advisory_lock($1)\0\0\0");
+        let bind = msg(frontend::BIND, b"\0s1\0\0\0\0\0\0\0");
+        let execute = cat(&[
+            bind.clone(),
+            msg(frontend::EXECUTE, b"\0\0\0\0\0"),
+            msg(frontend::SYNC, b""),
+        ]);
+        let answer = cat(&[complete("SELECT 1"), ready(status::IDLE)]);
+        assert_eq!(h.client(&parse), [ClientStep::Pin]);
+        h.flow.slot_taken();
+        h.client(&cat(&[parse.clone(), execute.clone()]));
+        h.server(&answer);
+        assert_eq!(h.flow.transaction_end(), PinStep::Keep);
+        assert_eq!(
+            transaction(&mut h, "SELECT pg_advisory_unlock_all()"),
+            PinStep::Check
+        );
+        assert_eq!(h.flow.checked(PinKinds::NONE), PinStep::Release);
+        h.flow.slot_given_back();
+        // The statement runs again: it takes the lock again.
+        assert_eq!(h.client(&execute), [ClientStep::Pin]);
+        h.flow.slot_taken();
+        h.client(&execute);
+        h.server(&answer);
+        assert_eq!(h.flow.transaction_end(), PinStep::Keep);
+        // Without a slot to be had a Bind still goes (it cannot be
+        // refused); the state found pins past the cap.
+        assert_eq!(
+            transaction(&mut h, "SELECT pg_advisory_unlock_all()"),
+            PinStep::Check
+        );
+        h.flow.checked(PinKinds::NONE);
+        h.flow.slot_given_back();
+        assert_eq!(h.client(&execute), [ClientStep::Pin]);
+        h.flow.no_pin_slot(1, false);
+        assert_eq!(
+            h.client(&execute),
+            [
+                ClientStep::Forward,
+                ClientStep::Forward,
+                ClientStep::Forward
+            ]
+        );
+        h.server(&answer);
+        assert_eq!(h.flow.transaction_end(), PinStep::Keep);
+        // Once closed, a Bind of that name pins nothing.
+        h.client(&cat(&[
+            msg(frontend::CLOSE, b"Ss1\0"),
+            msg(frontend::SYNC, b""),
+        ]));
+        h.server(&cat(&[
+            msg(backend::CLOSE_COMPLETE, b""),
+            ready(status::IDLE),
+        ]));
+        assert!(h.flow.pinning_statements.is_empty());
     }
 }

@@ -22,7 +22,7 @@ pub mod prepared;
 pub(crate) mod registry;
 pub(crate) mod session;
 pub(crate) mod slots;
-pub(crate) mod sql_scan;
+pub mod sql_scan;
 pub(crate) mod stream;
 
 use crate::metrics::ErrorSource;

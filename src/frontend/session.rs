@@ -16,15 +16,17 @@ use super::abandon::{self, Abandoned};
 use super::budget;
 use super::close_with_error;
 use super::deps::SessionDeps;
-use super::flow::{ClientStep, Flow, Note, ServerStep};
+use super::flow::{self, ClientStep, Flow, Note, PinStep, ServerStep};
 use super::params::SessionParams;
 use super::prepared::{self, ClientStatements, Rewriter};
 use super::registry::{ClientHandle, Registration};
+use super::sql_scan::PinKinds;
 use super::stream::ClientStream;
-use crate::config::PoolMode;
+use crate::backend::HeldState;
+use crate::config::{Pinning, PoolMode};
 use crate::hooks::{ClientInfo, Event, ServerInfo, SessionCtx, SessionEndCtx, SessionReason, Vars};
 use crate::metrics::{self, ErrorSource};
-use crate::pool::{Checkout, Pool};
+use crate::pool::{Checkout, PinSlot, Pool};
 use crate::protocol::error::sqlstate;
 use crate::protocol::frames::{FrameWalker, Visit};
 use crate::protocol::messages;
@@ -70,6 +72,13 @@ pub struct Session {
     /// Session mode: the server connection the login took (the client was
     /// told its backend's pid); the serve loop starts with it.
     login_server: Option<Checkout>,
+    /// Transaction mode: what state that cannot move does (`pinning`).
+    pinning: Pinning,
+    /// The pool's pin slot this client holds (its server connection is
+    /// pinned, or about to be).
+    pin_slot: Option<PinSlot>,
+    /// What pinned the connection when it was last logged.
+    logged_pins: PinKinds,
 }
 
 /// Why the serve loop ended.
@@ -125,6 +134,7 @@ impl Session {
         let settings = pool.settings();
         let mode = settings.mode;
         let rewriting = mode == PoolMode::Transaction && settings.prepared_statements > 0;
+        let pinning = settings.pinning;
         drop(settings);
         Session {
             deps,
@@ -144,6 +154,9 @@ impl Session {
             statements: ClientStatements::default(),
             charged: 0,
             login_server: None,
+            pinning,
+            pin_slot: None,
+            logged_pins: PinKinds::NONE,
         }
     }
 
@@ -184,7 +197,7 @@ impl Session {
             held: None,
             lent_at: Instant::now(),
             server_gone: false,
-            flow: Flow::new(self.mode, self.rewriting),
+            flow: Flow::new(self.mode, self.rewriting, self.pinning),
             in_buf: BytesMut::new(),
             out_buf: BytesMut::new(),
             to_server: BytesMut::new(),
@@ -221,6 +234,8 @@ impl Session {
         };
         self.handle.set_server(None);
         self.deps.buffers.recharge(&mut self.charged, 0, 0);
+        // Pinned or not, the connection is the pool's again from here.
+        self.pin_slot = None;
         if let Some(checkout) = fwd.held.take() {
             self.pool.stats.client_active(-1);
             let clean = !interrupted
@@ -231,6 +246,9 @@ impl Session {
             match (clean, self.mode) {
                 _ if fwd.server_gone => self.pool.discard(checkout),
                 (true, PoolMode::Session) => Box::pin(self.pool.reset_and_checkin(checkout)).await,
+                (true, PoolMode::Transaction) if !fwd.flow.state_left().is_empty() => {
+                    Box::pin(release_pinned(&self.pool, checkout, fwd.flow.state_left())).await
+                }
                 (true, PoolMode::Transaction) => self.pool.checkin(checkout),
                 (false, mode) => {
                     // The server may still be working for the client: the
@@ -240,7 +258,10 @@ impl Session {
                         checkout,
                         out_buf: std::mem::take(&mut fwd.out_buf),
                         out_walker: std::mem::replace(&mut fwd.out_walker, FrameWalker::new(0)),
-                        flow: std::mem::replace(&mut fwd.flow, Flow::new(mode, false)),
+                        flow: std::mem::replace(
+                            &mut fwd.flow,
+                            Flow::new(mode, false, Pinning::Off),
+                        ),
                         whole_messages: fwd.in_walker.at_boundary() && fwd.to_server.is_empty(),
                         interrupted,
                     };
@@ -313,19 +334,20 @@ impl Session {
             // transaction, after a lone Flush, in the middle of a message,
             // with an unsynced pipeline, in COPY IN) gets
             // idle_transaction_timeout, so it cannot keep a server forever.
-            let idle_limit = if fwd.held.is_none()
-                || (between_messages && fwd.flow.idle() && self.mode == PoolMode::Session)
-            {
-                pool.settings()
-                    .client_idle_timeout
-                    .map(|t| (t, idle_session_timeout as fn() -> PgError))
-            } else if fwd.flow.waiting_for_client() || !fwd.in_walker.at_boundary() {
-                pool.settings()
-                    .idle_transaction_timeout
-                    .map(|t| (t, idle_in_transaction_timeout as fn() -> PgError))
-            } else {
-                None
-            };
+            // A pinned client between transactions is idle as in session mode.
+            let keeps_server = self.mode == PoolMode::Session || !fwd.flow.pinned().is_empty();
+            let idle_limit =
+                if fwd.held.is_none() || (between_messages && fwd.flow.idle() && keeps_server) {
+                    pool.settings()
+                        .client_idle_timeout
+                        .map(|t| (t, idle_session_timeout as fn() -> PgError))
+                } else if fwd.flow.waiting_for_client() || !fwd.in_walker.at_boundary() {
+                    pool.settings()
+                        .idle_transaction_timeout
+                        .map(|t| (t, idle_in_transaction_timeout as fn() -> PgError))
+                } else {
+                    None
+                };
             let in_buf = &mut fwd.in_buf;
             let out_buf = &mut fwd.out_buf;
             let held = &mut fwd.held;
@@ -553,7 +575,9 @@ impl Session {
             stats.queries(fwd.flow.take_queries());
             stats.received(walked.forward as u64);
             self.received += walked.forward as u64;
-            let rewrite = stopped_at.filter(|(_, step)| *step == ClientStep::Rewrite);
+            // A rewritten or refused message goes to the server in some form.
+            let rewrite = stopped_at
+                .filter(|(_, step)| matches!(step, ClientStep::Rewrite | ClientStep::Refuse));
             if (walked.forward > 0 || rewrite.is_some()) && fwd.held.is_none() {
                 // Boxed (one allocation per transaction): checkout, the
                 // parameter sync and session mode's hooks make a future of
@@ -573,6 +597,23 @@ impl Session {
             match stopped_at {
                 None => return Ok(()),
                 Some((_, ClientStep::Terminate)) => return Err(LoopEnd::ClientLeft),
+                Some((_, ClientStep::Pin)) => {
+                    // Walked again once the flow knows whether it has a slot.
+                    Box::pin(self.take_pin_slot(fwd)).await;
+                }
+                Some((tag, ClientStep::Refuse)) => {
+                    // A stand-in that fails on the server goes in its place;
+                    // usher's error replaces the server's.
+                    let len = u32::from_be_bytes(fwd.in_buf[1..5].try_into().unwrap()) as usize;
+                    let message = fwd.in_buf.split_to(1 + len);
+                    queue_for_server(
+                        &mut fwd.to_server,
+                        flow::refused_message(tag, &message[5..]),
+                    );
+                    tracing::debug!(user = %self.client.user, database = %self.client.database, "statement refused before it reached the server (pinning)");
+                    stats.received(message.len() as u64);
+                    self.received += message.len() as u64;
+                }
                 Some((tag, _)) => {
                     let len = u32::from_be_bytes(fwd.in_buf[1..5].try_into().unwrap()) as usize;
                     let checkout = fwd.held.as_mut().expect("a server connection is held");
@@ -663,16 +704,35 @@ impl Session {
             }
             match answer {
                 Some(step) => {
-                    // ParseComplete/CloseComplete: no body.
-                    fwd.out_buf.advance(5);
-                    if step == ServerStep::SendParseComplete {
+                    // The message replaced or dropped is whole in the buffer.
+                    let len = u32::from_be_bytes(fwd.out_buf[1..5].try_into().unwrap()) as usize;
+                    fwd.out_buf.advance(1 + len);
+                    let mut out = BytesMut::new();
+                    match step {
+                        ServerStep::SendParseComplete => {
+                            out.extend_from_slice(&[backend::PARSE_COMPLETE, 0, 0, 0, 4]);
+                        }
+                        ServerStep::SendRefusal => {
+                            if let Some(e) = fwd.flow.take_refusal() {
+                                metrics::count_error(ErrorSource::Usher, e.code.as_bytes());
+                                e.encode(&mut out);
+                            }
+                        }
+                        _ => {}
+                    }
+                    if !out.is_empty() {
                         client
-                            .write_all(&[backend::PARSE_COMPLETE, 0, 0, 0, 4])
+                            .write_all(&out)
                             .await
                             .map_err(|_| LoopEnd::ClientLeft)?;
                     }
                 }
-                None if release => return self.end_transaction(client, fwd).await,
+                None if release => {
+                    if self.end_transaction(client, fwd).await? {
+                        return Ok(());
+                    }
+                    // Pinned: the connection stays; walk what came after.
+                }
                 None => return Ok(()),
             }
         }
@@ -712,18 +772,34 @@ impl Session {
     }
 
     /// Transaction mode: the transaction is over; the server connection goes
-    /// back to the pool.
+    /// back to the pool, unless state the client holds on it pins it there.
+    /// Returns whether it went back.
     async fn end_transaction(
         &mut self,
         client: &mut ClientStream,
         fwd: &mut Forwarding,
-    ) -> Result<(), LoopEnd> {
+    ) -> Result<bool, LoopEnd> {
         if fwd.flow.settings_to_settle() && fwd.out_buf.is_empty() {
             // Boxed, as every rare step: see serve_loop.
             Box::pin(self.settle_settings(client, fwd, false))
                 .await
                 .map_err(LoopEnd::Error)?;
         }
+        let step = match fwd.flow.transaction_end() {
+            // The server is asked only when it has said nothing more (a
+            // notification may follow a pinned client's ReadyForQuery);
+            // else the connection stays pinned until the next transaction.
+            PinStep::Check if fwd.out_buf.is_empty() => Box::pin(self.check_pins(client, fwd))
+                .await
+                .map_err(LoopEnd::Error)?,
+            PinStep::Check => PinStep::Keep,
+            step => step,
+        };
+        if step == PinStep::Keep {
+            self.keep_pinned(fwd);
+            return Ok(false);
+        }
+        self.unpinned(fwd);
         let checkout = fwd.held.take().expect("a server connection is held");
         let lent = fwd.lent_at.elapsed();
         self.handle.set_server(None);
@@ -741,7 +817,92 @@ impl Session {
         fwd.out_buf = BytesMut::new();
         fwd.out_walker = FrameWalker::new(usize::MAX >> 1);
         fwd.flow.released();
-        Ok(())
+        Ok(true)
+    }
+
+    /// A statement may have ended what pinned the connection: ask the
+    /// server what its session still holds. Notifications that arrive
+    /// meanwhile go to the client.
+    async fn check_pins(
+        &mut self,
+        client: &mut ClientStream,
+        fwd: &mut Forwarding,
+    ) -> Result<PinStep, PgError> {
+        let conn = &mut fwd.held.as_mut().expect("a server connection is held").conn;
+        let (state, notifications) = conn.held_state().await.map_err(|e| {
+            PgError::fatal(
+                e.sqlstate(),
+                format!("could not ask the server connection what the session holds: {e}"),
+            )
+        })?;
+        if !notifications.is_empty() {
+            client
+                .write_all(&notifications)
+                .await
+                .map_err(|_| PgError::protocol("client went away"))?;
+        }
+        Ok(fwd.flow.checked(held_kinds(state)))
+    }
+
+    /// The connection stays with the client: it holds a pin slot (taken
+    /// now, past max_pinned, if the state was found only by asking), and
+    /// what pins it is logged when it changes.
+    fn keep_pinned(&mut self, fwd: &mut Forwarding) {
+        if !fwd.flow.has_slot() {
+            self.pin_slot = Some(self.pool.pin_anyway());
+            fwd.flow.slot_taken();
+        }
+        let pinned = fwd.flow.pinned();
+        if pinned != self.logged_pins {
+            self.logged_pins = pinned;
+            tracing::debug!(
+                user = %self.client.user, database = %self.client.database,
+                server = fwd.held.as_ref().map(|c| c.conn.id()),
+                reason = %pinned.describe(),
+                "session pins its server connection"
+            );
+        }
+    }
+
+    /// Nothing pins the connection any more: the pin slot goes back.
+    fn unpinned(&mut self, fwd: &mut Forwarding) {
+        if fwd.flow.has_slot() {
+            self.pin_slot = None;
+            fwd.flow.slot_given_back();
+        }
+        if !self.logged_pins.is_empty() {
+            self.logged_pins = PinKinds::NONE;
+            tracing::debug!(
+                user = %self.client.user, database = %self.client.database,
+                "session no longer pins its server connection"
+            );
+        }
+    }
+
+    /// Before a statement that would pin the connection goes out: a pin
+    /// slot of the pool. A client that holds no server connection waits
+    /// for one (up to query_wait_timeout); inside a transaction it does
+    /// not wait. Without one the flow refuses the statement.
+    async fn take_pin_slot(&mut self, fwd: &mut Forwarding) {
+        let waits = fwd.held.is_none();
+        let slot = if waits {
+            self.handle.waiting();
+            let slot = self.pool.pin().await;
+            self.handle.set_server(None);
+            slot
+        } else {
+            self.pool.try_pin()
+        };
+        match slot {
+            Some(slot) => {
+                self.pin_slot = Some(slot);
+                fwd.flow.slot_taken();
+            }
+            None => {
+                let max = self.pool.settings().max_pinned;
+                fwd.flow.no_pin_slot(max, waits);
+            }
+        }
     }
 
     /// The client's statements may have changed settings: read back what
@@ -839,6 +1000,38 @@ impl Session {
             .start_session(client, reason, Some(server_info(checkout)))
             .await?;
         self.apply_session(client, checkout, exec).await
+    }
+}
+
+/// What a session's server connection holds, as pin kinds.
+fn held_kinds(state: HeldState) -> PinKinds {
+    let mut kinds = PinKinds::NONE;
+    for (held, kind) in [
+        (state.listening, PinKinds::LISTEN),
+        (state.advisory_locks, PinKinds::ADVISORY_LOCK),
+        (state.temp_objects, PinKinds::TEMP),
+        (state.hold_cursors, PinKinds::HOLD_CURSOR),
+        (state.sql_prepared, PinKinds::SQL_PREPARE),
+    ] {
+        if held {
+            kinds |= kind;
+        }
+    }
+    kinds
+}
+
+/// Gives back a clean connection whose client may have left state on it
+/// (`state`, transaction mode): after DISCARD ALL, or closed if a library
+/// was LOADed (nothing unloads it).
+pub(super) async fn release_pinned(pool: &Pool, checkout: Checkout, state: PinKinds) {
+    if state.contains(PinKinds::LOAD) {
+        tracing::debug!(
+            server = checkout.conn.id(),
+            "closing a server connection its client LOADed a library on"
+        );
+        pool.discard(checkout);
+    } else {
+        pool.reset_pinned_and_checkin(checkout).await;
     }
 }
 

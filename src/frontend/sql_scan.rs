@@ -7,6 +7,14 @@
 //! The scan errs toward "may": a false alarm costs one small query (the
 //! session reads its settings back), a miss would let a setting stay on a
 //! server connection another client gets.
+//!
+//! It also sees the statements that leave state on the server connection
+//! which cannot follow the client to another one ([`PinKinds`]: LISTEN,
+//! session advisory locks, temporary objects, WITH HOLD cursors, SQL-level
+//! PREPARE, LOAD), and those that may end it (UNLISTEN, the advisory
+//! unlocks, DISCARD, DROP, CLOSE, DEALLOCATE): transaction mode keeps such
+//! a client's server connection (`flow.rs`), and asks the server what is
+//! left when a statement may have ended it. A bit set: no allocation.
 
 /// What a statement text may do to the session, beyond its transaction.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -20,6 +28,96 @@ pub struct Effects {
     /// set_config('...'), lower case: the server lists no custom setting,
     /// so the session asks for these by name.
     pub custom: Vec<String>,
+    /// State it may leave on the server connection that cannot move to
+    /// another one.
+    pub pins: PinKinds,
+    /// State it may end (the server is asked what is left).
+    pub unpins: PinKinds,
+}
+
+/// Kinds of session state that tie a client to its server connection, as
+/// a bit set.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct PinKinds(u8);
+
+impl PinKinds {
+    pub const NONE: PinKinds = PinKinds(0);
+    /// LISTEN.
+    pub const LISTEN: PinKinds = PinKinds(1);
+    /// A session-level advisory lock (pg_advisory_lock[_shared],
+    /// pg_try_advisory_lock[_shared]; not the _xact_ ones).
+    pub const ADVISORY_LOCK: PinKinds = PinKinds(2);
+    /// A temporary table, view, sequence or other object in pg_temp.
+    pub const TEMP: PinKinds = PinKinds(4);
+    /// A cursor declared WITH HOLD.
+    pub const HOLD_CURSOR: PinKinds = PinKinds(8);
+    /// A statement prepared with SQL PREPARE.
+    pub const SQL_PREPARE: PinKinds = PinKinds(16);
+    /// LOAD of a library: nothing unloads it.
+    pub const LOAD: PinKinds = PinKinds(32);
+    /// A text usher did not read (too large) or a DO block's body: it may
+    /// have left any of the state the server can be asked about.
+    pub const UNKNOWN: PinKinds = PinKinds(64);
+    /// What the server can be asked about (the rest of the kinds but LOAD
+    /// and UNKNOWN).
+    pub const CHECKABLE: PinKinds = PinKinds(1 | 2 | 4 | 8 | 16);
+
+    const NAMES: [(PinKinds, &'static str); 7] = [
+        (PinKinds::LISTEN, "LISTEN"),
+        (PinKinds::ADVISORY_LOCK, "a session advisory lock"),
+        (PinKinds::TEMP, "a temporary object"),
+        (PinKinds::HOLD_CURSOR, "a WITH HOLD cursor"),
+        (PinKinds::SQL_PREPARE, "SQL PREPARE"),
+        (PinKinds::LOAD, "LOAD"),
+        (PinKinds::UNKNOWN, "a statement usher could not read"),
+    ];
+
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// Some kind of `other` is in this set.
+    pub fn intersects(self, other: PinKinds) -> bool {
+        self.0 & other.0 != 0
+    }
+
+    pub fn contains(self, other: PinKinds) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// The kinds of this set that are not in `other`.
+    pub fn without(self, other: PinKinds) -> PinKinds {
+        PinKinds(self.0 & !other.0)
+    }
+
+    /// The kinds in both sets.
+    pub fn and(self, other: PinKinds) -> PinKinds {
+        PinKinds(self.0 & other.0)
+    }
+
+    /// Each kind in the set, named for a person ("LISTEN, a temporary
+    /// object").
+    pub fn describe(self) -> String {
+        let names: Vec<&str> = Self::NAMES
+            .iter()
+            .filter(|(k, _)| self.contains(*k))
+            .map(|(_, n)| *n)
+            .collect();
+        names.join(", ")
+    }
+}
+
+impl std::ops::BitOr for PinKinds {
+    type Output = PinKinds;
+    fn bitor(self, other: PinKinds) -> PinKinds {
+        PinKinds(self.0 | other.0)
+    }
+}
+
+impl std::ops::BitOrAssign for PinKinds {
+    fn bitor_assign(&mut self, other: PinKinds) {
+        self.0 |= other.0;
+    }
 }
 
 impl Effects {
@@ -28,12 +126,16 @@ impl Effects {
         Effects {
             settings: true,
             custom: Vec::new(),
+            pins: PinKinds::UNKNOWN,
+            unpins: PinKinds::CHECKABLE,
         }
     }
 
     /// Adds what another text may do.
     pub fn add(&mut self, other: Effects) {
         self.settings |= other.settings;
+        self.pins |= other.pins;
+        self.unpins |= other.unpins;
         for name in other.custom {
             if !self.custom.contains(&name) {
                 self.custom.push(name);
@@ -48,7 +150,8 @@ pub fn scan(sql: &[u8]) -> Effects {
     let mut at = 0;
     let mut statement_start = true;
     let mut words_in_statement = 0;
-    let mut first = Keyword::Other;
+    let mut first = Word::Other;
+    let mut previous = Word::Other;
     let mut set_session = false;
     while at < sql.len() {
         let b = sql[at];
@@ -56,30 +159,39 @@ pub fn scan(sql: &[u8]) -> Effects {
             b';' => {
                 statement_start = true;
                 words_in_statement = 0;
+                previous = Word::Other;
                 at += 1;
             }
             b'\'' => at = skip_quoted(sql, at, b'\'', backslashes_escape(sql, at)),
-            b'"' => at = skip_quoted(sql, at, b'"', false),
+            b'"' => {
+                let end = skip_quoted(sql, at, b'"', false);
+                // A quoted function name calls it all the same (only the
+                // advisory lock functions matter: 16 bytes or more).
+                let name = &sql[at + 1..end.saturating_sub(1).max(at + 1)];
+                if name.len() >= 16 {
+                    effects.note_function(Word::of(name));
+                }
+                previous = Word::Other;
+                at = end;
+            }
             b'-' if sql.get(at + 1) == Some(&b'-') => at = skip_line(sql, at),
             b'/' if sql.get(at + 1) == Some(&b'*') => at = skip_block_comment(sql, at),
             b'$' if is_dollar_quote_start(sql, at) => at = skip_dollar_quoted(sql, at),
             _ if is_word_start(b) => {
                 let end = word_end(sql, at);
                 let word = &sql[at..end];
+                let kind = Word::of(word);
                 if statement_start {
-                    first = Keyword::of(word);
+                    first = kind;
                     statement_start = false;
                     words_in_statement = 1;
-                    match first {
-                        Keyword::Reset | Keyword::Discard | Keyword::Do => effects.settings = true,
-                        Keyword::Set | Keyword::Other => {}
-                    }
+                    effects.note_first(first);
                 } else {
                     words_in_statement += 1;
                     if words_in_statement == 2 {
                         set_session = word.eq_ignore_ascii_case(b"session");
                     }
-                    if first == Keyword::Set && words_in_statement == 2 {
+                    if first == Word::Set && words_in_statement == 2 {
                         // SET LOCAL, SET TRANSACTION and SET CONSTRAINTS
                         // end with the transaction; every other SET lasts.
                         let local = ["local", "transaction", "constraints"]
@@ -87,23 +199,56 @@ pub fn scan(sql: &[u8]) -> Effects {
                             .any(|k| word.eq_ignore_ascii_case(k.as_bytes()));
                         effects.settings |= !local;
                     }
+                    if first == Word::Prepare
+                        && words_in_statement == 2
+                        && kind != Word::Transaction
+                    {
+                        // PREPARE name AS ... (PREPARE TRANSACTION is
+                        // two-phase commit: the transaction leaves the session).
+                        effects.pins |= PinKinds::SQL_PREPARE;
+                    }
                     // The setting's name: SET [SESSION] name, RESET name.
                     let name_word = match first {
-                        Keyword::Set => {
+                        Word::Set => {
                             words_in_statement == 2 && !set_session
                                 || words_in_statement == 3 && set_session
                         }
-                        Keyword::Reset => words_in_statement == 2,
+                        Word::Reset => words_in_statement == 2,
                         _ => false,
                     };
                     if name_word {
                         effects.note_custom(custom_name(sql, at));
                     }
                 }
-                if word.eq_ignore_ascii_case(b"set_config") {
-                    effects.settings = true;
-                    effects.note_custom(first_literal_argument(sql, end));
+                match kind {
+                    // CREATE [OR REPLACE] [GLOBAL | LOCAL] TEMP[ORARY] ...,
+                    // SELECT ... INTO TEMP[ORARY] ...
+                    Word::Temp
+                        if matches!(
+                            previous,
+                            Word::Create | Word::Replace | Word::Global | Word::Local | Word::Into
+                        ) =>
+                    {
+                        effects.pins |= PinKinds::TEMP;
+                    }
+                    // ON COMMIT is for temporary tables only; ON COMMIT DROP
+                    // ends it with the transaction: the server is asked.
+                    Word::Commit if previous == Word::On => {
+                        effects.pins |= PinKinds::TEMP;
+                        effects.unpins |= PinKinds::TEMP;
+                    }
+                    Word::Hold if previous == Word::With && first == Word::Declare => {
+                        effects.pins |= PinKinds::HOLD_CURSOR;
+                    }
+                    // pg_temp.name: an object in the temporary schema.
+                    Word::PgTemp if sql.get(end) == Some(&b'.') => effects.pins |= PinKinds::TEMP,
+                    Word::SetConfig => {
+                        effects.settings = true;
+                        effects.note_custom(first_literal_argument(sql, end));
+                    }
+                    _ => effects.note_function(kind),
                 }
+                previous = kind;
                 at = end;
             }
             _ => at += 1,
@@ -111,6 +256,42 @@ pub fn scan(sql: &[u8]) -> Effects {
     }
     // A lone SET (no second word) is a syntax error: no effect.
     effects
+}
+
+impl Effects {
+    /// What a statement's first word tells.
+    fn note_first(&mut self, first: Word) {
+        match first {
+            Word::Reset => self.settings = true,
+            Word::Discard => {
+                // DISCARD ALL / TEMP end state (PLANS, SEQUENCES: nothing
+                // that pins; asking costs little).
+                self.settings = true;
+                self.unpins |= PinKinds::CHECKABLE;
+            }
+            Word::Do => {
+                // The body is not read: it may set or leave anything.
+                self.settings = true;
+                self.pins |= PinKinds::UNKNOWN;
+            }
+            Word::Listen => self.pins |= PinKinds::LISTEN,
+            Word::Unlisten => self.unpins |= PinKinds::LISTEN,
+            Word::Close => self.unpins |= PinKinds::HOLD_CURSOR,
+            Word::Deallocate => self.unpins |= PinKinds::SQL_PREPARE,
+            Word::Drop => self.unpins |= PinKinds::TEMP,
+            Word::Load => self.pins |= PinKinds::LOAD,
+            _ => {}
+        }
+    }
+
+    /// A function named anywhere (a call, most likely).
+    fn note_function(&mut self, kind: Word) {
+        match kind {
+            Word::AdvisoryLock => self.pins |= PinKinds::ADVISORY_LOCK,
+            Word::AdvisoryUnlock => self.unpins |= PinKinds::ADVISORY_LOCK,
+            _ => {}
+        }
+    }
 }
 
 impl Effects {
@@ -172,28 +353,88 @@ pub fn scan_query(body: &[u8]) -> Effects {
     }
 }
 
+/// The words the scan looks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Keyword {
+enum Word {
     Set,
     Reset,
     Discard,
     Do,
+    Listen,
+    Unlisten,
+    Create,
+    Replace,
+    Global,
+    Local,
+    Into,
+    Temp,
+    With,
+    Hold,
+    On,
+    Commit,
+    Declare,
+    Close,
+    Prepare,
+    Transaction,
+    Deallocate,
+    Drop,
+    Load,
+    PgTemp,
+    SetConfig,
+    /// pg_advisory_lock[_shared], pg_try_advisory_lock[_shared].
+    AdvisoryLock,
+    /// pg_advisory_unlock[_shared], pg_advisory_unlock_all.
+    AdvisoryUnlock,
     Other,
 }
 
-impl Keyword {
-    fn of(word: &[u8]) -> Keyword {
-        if word.eq_ignore_ascii_case(b"set") {
-            Keyword::Set
-        } else if word.eq_ignore_ascii_case(b"reset") {
-            Keyword::Reset
-        } else if word.eq_ignore_ascii_case(b"discard") {
-            Keyword::Discard
-        } else if word.eq_ignore_ascii_case(b"do") {
-            Keyword::Do
-        } else {
-            Keyword::Other
-        }
+impl Word {
+    /// Which word this is, ignoring case; candidates are picked by length
+    /// first, so most words cost one or two comparisons.
+    fn of(word: &[u8]) -> Word {
+        use Word::*;
+        let candidates: &[(&[u8], Word)] = match word.len() {
+            2 => &[(b"do", Do), (b"on", On)],
+            3 => &[(b"set", Set)],
+            4 => &[
+                (b"into", Into),
+                (b"temp", Temp),
+                (b"with", With),
+                (b"hold", Hold),
+                (b"drop", Drop),
+                (b"load", Load),
+            ],
+            5 => &[(b"reset", Reset), (b"close", Close), (b"local", Local)],
+            6 => &[
+                (b"listen", Listen),
+                (b"create", Create),
+                (b"global", Global),
+                (b"commit", Commit),
+            ],
+            7 => &[
+                (b"discard", Discard),
+                (b"replace", Replace),
+                (b"declare", Declare),
+                (b"prepare", Prepare),
+                (b"pg_temp", PgTemp),
+            ],
+            8 => &[(b"unlisten", Unlisten)],
+            9 => &[(b"temporary", Temp)],
+            10 => &[(b"deallocate", Deallocate), (b"set_config", SetConfig)],
+            11 => &[(b"transaction", Transaction)],
+            16 => &[(b"pg_advisory_lock", AdvisoryLock)],
+            18 => &[(b"pg_advisory_unlock", AdvisoryUnlock)],
+            20 => &[(b"pg_try_advisory_lock", AdvisoryLock)],
+            22 => &[(b"pg_advisory_unlock_all", AdvisoryUnlock)],
+            23 => &[(b"pg_advisory_lock_shared", AdvisoryLock)],
+            25 => &[(b"pg_advisory_unlock_shared", AdvisoryUnlock)],
+            27 => &[(b"pg_try_advisory_lock_shared", AdvisoryLock)],
+            _ => return Other,
+        };
+        candidates
+            .iter()
+            .find(|(name, _)| word.eq_ignore_ascii_case(name))
+            .map_or(Other, |(_, kind)| *kind)
     }
 }
 
@@ -372,6 +613,137 @@ mod tests {
         assert!(custom("SELECT set_config($1, $2, false)").is_empty());
     }
 
+    fn pins(sql: &str) -> PinKinds {
+        scan(sql.as_bytes()).pins
+    }
+
+    fn unpins(sql: &str) -> PinKinds {
+        scan(sql.as_bytes()).unpins
+    }
+
+    #[test]
+    fn state_that_cannot_move_is_seen() {
+        use PinKinds as K;
+        for (sql, kind) in [
+            ("LISTEN jobs", K::LISTEN),
+            ("  /* hi */ listen \"Jobs\"", K::LISTEN),
+            ("select 1; LISTEN a", K::LISTEN),
+            ("SELECT pg_advisory_lock(1)", K::ADVISORY_LOCK),
+            ("SELECT pg_catalog.pg_advisory_lock(1, 2)", K::ADVISORY_LOCK),
+            ("select PG_ADVISORY_LOCK_SHARED(7)", K::ADVISORY_LOCK),
+            ("SELECT pg_try_advisory_lock(1)", K::ADVISORY_LOCK),
+            ("SELECT pg_try_advisory_lock_shared($1)", K::ADVISORY_LOCK),
+            ("SELECT \"pg_advisory_lock\"(1)", K::ADVISORY_LOCK),
+            ("CREATE TEMP TABLE t (a int)", K::TEMP),
+            ("create temporary table t (a int)", K::TEMP),
+            ("CREATE GLOBAL TEMPORARY TABLE t (a int)", K::TEMP),
+            ("CREATE LOCAL TEMP SEQUENCE s", K::TEMP),
+            ("CREATE OR REPLACE TEMP VIEW v AS SELECT 1", K::TEMP),
+            ("CREATE TEMP RECURSIVE VIEW v (n) AS SELECT 1", K::TEMP),
+            ("SELECT * INTO TEMP t FROM x", K::TEMP),
+            ("SELECT 1 AS a INTO TEMPORARY TABLE t", K::TEMP),
+            ("CREATE TABLE pg_temp.t (a int)", K::TEMP),
+            (
+                "CREATE FUNCTION pg_temp.f() RETURNS int LANGUAGE sql AS 'SELECT 1'",
+                K::TEMP,
+            ),
+            ("CREATE TABLE t (a int) ON COMMIT DELETE ROWS", K::TEMP),
+            ("EXPLAIN ANALYZE CREATE TEMP TABLE t AS SELECT 1", K::TEMP),
+            ("DECLARE c CURSOR WITH HOLD FOR SELECT 1", K::HOLD_CURSOR),
+            (
+                "declare c binary no scroll cursor with hold for select 1",
+                K::HOLD_CURSOR,
+            ),
+            ("PREPARE q (int) AS SELECT $1", K::SQL_PREPARE),
+            ("prepare q as select 1", K::SQL_PREPARE),
+            ("LOAD 'auto_explain'", K::LOAD),
+            ("DO $$ BEGIN PERFORM 1; END $$", K::UNKNOWN),
+        ] {
+            assert_eq!(pins(sql), kind, "{sql}");
+        }
+        assert_eq!(
+            pins("LISTEN a; SELECT pg_advisory_lock(1); CREATE TEMP TABLE t ()"),
+            K::LISTEN | K::ADVISORY_LOCK | K::TEMP
+        );
+    }
+
+    #[test]
+    fn statements_that_leave_nothing_do_not_pin() {
+        for sql in [
+            "SELECT abalance FROM pgbench_accounts WHERE aid = 1",
+            "UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = 1",
+            "SELECT pg_advisory_xact_lock(1)",
+            "SELECT pg_try_advisory_xact_lock_shared(1)",
+            "SELECT pg_advisory_unlock_all()",
+            "SELECT 'LISTEN x; SELECT pg_advisory_lock(1)'",
+            "SELECT $$ CREATE TEMP TABLE t () $$",
+            "-- LISTEN x\nSELECT 1",
+            "/* DECLARE c CURSOR WITH HOLD FOR SELECT 1 */ SELECT 1",
+            "SELECT E'\\'; LISTEN x'",
+            "SELECT \"LISTEN\" FROM t",
+            "CREATE TABLE t (a int, temp int)",
+            "CREATE UNLOGGED TABLE t (a int)",
+            "SET temp_buffers = '16MB'",
+            "DECLARE c CURSOR WITHOUT HOLD FOR SELECT 1",
+            "PREPARE TRANSACTION 'tx1'",
+            "EXECUTE q(1)",
+            "CREATE FUNCTION f() RETURNS void LANGUAGE plpgsql AS $$ BEGIN LISTEN x; END $$",
+            "CREATE FUNCTION f() RETURNS int SET search_path = a, pg_temp LANGUAGE sql AS 'SELECT 1'",
+            "SELECT * FROM listen_log",
+            "UNLISTEN *",
+            "",
+        ] {
+            assert_eq!(pins(sql), PinKinds::NONE, "{sql}");
+        }
+    }
+
+    #[test]
+    fn statements_that_may_end_the_state_are_seen() {
+        use PinKinds as K;
+        for (sql, kind) in [
+            ("UNLISTEN *", K::LISTEN),
+            ("unlisten jobs", K::LISTEN),
+            ("SELECT pg_advisory_unlock_all()", K::ADVISORY_LOCK),
+            ("SELECT pg_advisory_unlock(1)", K::ADVISORY_LOCK),
+            ("SELECT pg_advisory_unlock_shared(1)", K::ADVISORY_LOCK),
+            ("DISCARD ALL", K::CHECKABLE),
+            ("DISCARD TEMP", K::CHECKABLE),
+            ("DROP TABLE t", K::TEMP),
+            ("CLOSE ALL", K::HOLD_CURSOR),
+            ("close c", K::HOLD_CURSOR),
+            ("DEALLOCATE ALL", K::SQL_PREPARE),
+            ("DEALLOCATE PREPARE q", K::SQL_PREPARE),
+            ("CREATE TEMP TABLE t () ON COMMIT DROP", K::TEMP),
+        ] {
+            assert_eq!(unpins(sql), kind, "{sql}");
+        }
+        for sql in [
+            "SELECT 1",
+            "SELECT 'UNLISTEN *'",
+            "-- DISCARD ALL\nSELECT 1",
+            "SELECT pg_advisory_xact_lock(1)",
+            "LISTEN x",
+        ] {
+            assert_eq!(unpins(sql), PinKinds::NONE, "{sql}");
+        }
+    }
+
+    #[test]
+    fn pin_kinds_are_named() {
+        assert_eq!(
+            (PinKinds::LISTEN | PinKinds::TEMP).describe(),
+            "LISTEN, a temporary object"
+        );
+        assert!(PinKinds::CHECKABLE.contains(PinKinds::HOLD_CURSOR));
+        assert!(!PinKinds::CHECKABLE.intersects(PinKinds::LOAD | PinKinds::UNKNOWN));
+        assert_eq!(
+            PinKinds::CHECKABLE
+                .without(PinKinds::TEMP)
+                .and(PinKinds::TEMP),
+            PinKinds::NONE
+        );
+    }
+
     #[test]
     fn a_message_not_read_whole_may_do_anything() {
         assert!(scan_query(b"SELECT 1").settings, "no NUL: a head only");
@@ -380,5 +752,8 @@ mod tests {
         assert!(!scan_parse(b"s1\0SELECT 1\0\0\0").settings);
         assert!(scan_parse(b"\0SET a.b = 1\0\0\0").settings);
         assert!(scan_parse(b"\0SELECT 1").settings, "cut text: unknown");
+        assert_eq!(scan_query(b"SELECT 1").pins, PinKinds::UNKNOWN);
+        assert_eq!(scan_query(b"SELECT 1").unpins, PinKinds::CHECKABLE);
+        assert_eq!(scan_parse(b"\0LISTEN x\0\0\0").pins, PinKinds::LISTEN);
     }
 }

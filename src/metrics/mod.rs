@@ -30,6 +30,7 @@ pub const CLIENT_RECEIVED_BYTES: &str = "usher_client_received_bytes_total";
 pub const CLIENT_SENT_BYTES: &str = "usher_client_sent_bytes_total";
 pub const ERRORS: &str = "usher_errors_total";
 pub const HOOK_DURATION: &str = "usher_hook_duration_seconds";
+pub const PINNED_SERVERS: &str = "usher_pinned_servers";
 /// Bucket bounds (seconds) of the pool histograms (wait, transaction).
 const POOL_BUCKETS: &[f64] = &[
     0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0,
@@ -231,6 +232,10 @@ fn describe() {
         "Server connections lent to clients per pool"
     );
     describe_gauge!(SERVERS_IDLE, "Idle server connections per pool");
+    describe_gauge!(
+        PINNED_SERVERS,
+        "Server connections pinned to their client per pool (transaction mode: LISTEN, session advisory locks, temporary objects, WITH HOLD cursors, SQL PREPARE, LOAD)"
+    );
     describe_counter!(SERVER_CONNECTS, "Server connections opened per pool");
     describe_histogram!(
         WAIT_SECONDS,

@@ -15,6 +15,10 @@
 //!
 //! The bookkeeping of all that is `slots.rs` (generic over the connection,
 //! no I/O, unit-tested without a server); this file adds what needs one.
+//!
+//! Pin slots ([`PinSlot`]): a transaction-mode client whose state cannot
+//! move keeps its server connection; at most `max_pinned` such clients per
+//! pool (0: no cap), counted in `PoolStats::pinned` and a gauge.
 
 mod registry;
 mod slots;
@@ -24,12 +28,15 @@ pub use registry::Pools;
 pub use stats::PoolStats;
 
 use slots::{Lease, NoSlot, Pooled, Slot, Slots};
+use stats::Waiting;
 
 use crate::backend::{self, ConnectError, ServerConn, ServerTarget};
 use crate::config::{PoolLimits, PoolMode};
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
+use tokio::sync::Notify;
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -57,6 +64,23 @@ pub struct Pool {
     normalised: Mutex<HashMap<(String, String), String>>,
     /// Shared with the checkouts, which count themselves (see [`stats::Lent`]).
     pub stats: Arc<PoolStats>,
+    /// Told when a pin slot is given back.
+    pin_freed: Arc<Notify>,
+}
+
+/// A pinned client's place in its pool's `max_pinned`; given back when
+/// dropped.
+#[derive(Debug)]
+pub struct PinSlot {
+    stats: Arc<PoolStats>,
+    freed: Arc<Notify>,
+}
+
+impl Drop for PinSlot {
+    fn drop(&mut self) {
+        self.stats.unpin();
+        self.freed.notify_one();
+    }
 }
 
 /// An idle server connection, as SHOW SERVERS lists it.
@@ -125,7 +149,66 @@ impl Pool {
             server_params: OnceLock::new(),
             normalised: Mutex::new(HashMap::new()),
             stats,
+            pin_freed: Arc::new(Notify::new()),
         }
+    }
+
+    fn pin_slot(&self) -> PinSlot {
+        PinSlot {
+            stats: self.stats.clone(),
+            freed: self.pin_freed.clone(),
+        }
+    }
+
+    /// A pin slot, if fewer than `max_pinned` are held.
+    pub fn try_pin(&self) -> Option<PinSlot> {
+        let max = self.slots.settings().max_pinned;
+        self.stats.try_pin(max).then(|| self.pin_slot())
+    }
+
+    /// A pin slot, waiting (as a client waits for a server connection, and
+    /// counted as waiting) up to `query_wait_timeout` for one to be given
+    /// back; `None` if none was.
+    pub async fn pin(&self) -> Option<PinSlot> {
+        if let Some(slot) = self.try_pin() {
+            return Some(slot);
+        }
+        let timeout = self.slots.settings().query_wait_timeout;
+        let started = std::time::Instant::now();
+        let waiting = Waiting::new(&self.stats);
+        let slot = tokio::time::timeout(timeout, async {
+            loop {
+                let freed = self.pin_freed.notified();
+                tokio::pin!(freed);
+                freed.as_mut().enable();
+                if let Some(slot) = self.try_pin() {
+                    return slot;
+                }
+                freed.await;
+            }
+        })
+        .await
+        .ok();
+        drop(waiting);
+        self.stats.waited(started.elapsed());
+        if slot.is_none() {
+            // Pass the wake-up on: another waiter may find a slot.
+            self.pin_freed.notify_one();
+        }
+        slot
+    }
+
+    /// A pin slot whatever `max_pinned` says: the server already holds the
+    /// state (found by asking it), and the connection must stay with its
+    /// client.
+    pub fn pin_anyway(&self) -> PinSlot {
+        self.stats.try_pin(0);
+        self.pin_slot()
+    }
+
+    /// Pin slots held now.
+    pub fn pinned(&self) -> usize {
+        self.stats.pinned.load(Ordering::Relaxed)
     }
 
     /// The pool's settings now (they change on reload). A cheap guard:
@@ -361,6 +444,26 @@ impl Pool {
             }
             Err(e) => {
                 tracing::warn!(server = checkout.conn.id(), code = e.sqlstate(), error = %e, "server_reset_query failed; closing the connection");
+                self.discard(checkout);
+            }
+        }
+    }
+
+    /// Transaction mode: a connection whose client held state on it (a
+    /// pinned client that left) goes back after DISCARD ALL, whatever
+    /// `server_reset_query` says (it is session mode's, and may not end
+    /// LISTEN, locks or temporary tables); closed if that fails.
+    pub async fn reset_pinned_and_checkin(&self, mut checkout: Checkout) {
+        match checkout.conn.simple_query("DISCARD ALL").await {
+            Ok(()) => {
+                checkout.conn.prepared_mut().clear();
+                if let Some(reported) = self.server_params.get() {
+                    checkout.conn.forget_unreported(reported);
+                }
+                self.checkin(checkout)
+            }
+            Err(e) => {
+                tracing::warn!(server = checkout.conn.id(), code = e.sqlstate(), error = %e, "DISCARD ALL after a pinned client failed; closing the connection");
                 self.discard(checkout);
             }
         }

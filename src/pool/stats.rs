@@ -30,6 +30,9 @@ pub struct PoolStats {
     pub clients_active: AtomicUsize,
     /// Server connections being opened (connect and login) right now.
     pub servers_login: AtomicUsize,
+    /// Pin slots held: server connections pinned to their client
+    /// (transaction mode), or about to be.
+    pub pinned: AtomicUsize,
 }
 
 /// The Prometheus side of [`PoolStats`].
@@ -43,6 +46,7 @@ struct PoolMetrics {
     wait: metrics::Histogram,
     clients_active: metrics::Gauge,
     servers_login: metrics::Gauge,
+    pinned: metrics::Gauge,
     transaction: metrics::Histogram,
     queries: metrics::Counter,
     received: metrics::Counter,
@@ -66,6 +70,7 @@ impl PoolStats {
                 wait: metrics::histogram!(m::WAIT_SECONDS, &labels),
                 clients_active: metrics::gauge!(m::CLIENTS_ACTIVE, &labels),
                 servers_login: metrics::gauge!(m::SERVERS_LOGIN, &labels),
+                pinned: metrics::gauge!(m::PINNED_SERVERS, &labels),
                 transaction: metrics::histogram!(m::TRANSACTION_SECONDS, &labels),
                 queries: metrics::counter!(m::QUERIES, &labels),
                 received: metrics::counter!(m::CLIENT_RECEIVED_BYTES, &labels),
@@ -83,7 +88,27 @@ impl PoolStats {
             xact_us: AtomicU64::new(0),
             clients_active: AtomicUsize::new(0),
             servers_login: AtomicUsize::new(0),
+            pinned: AtomicUsize::new(0),
         }
+    }
+
+    /// Takes a pin slot if fewer than `max` are held (0: no cap).
+    pub(super) fn try_pin(&self, max: usize) -> bool {
+        let taken = self
+            .pinned
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (max == 0 || n < max).then_some(n + 1)
+            })
+            .is_ok();
+        if taken {
+            self.metrics.pinned.increment(1.0);
+        }
+        taken
+    }
+
+    pub(super) fn unpin(&self) {
+        self.pinned.fetch_sub(1, Ordering::AcqRel);
+        self.metrics.pinned.decrement(1.0);
     }
 
     fn waiting(&self, delta: isize) {

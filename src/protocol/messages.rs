@@ -222,6 +222,12 @@ pub fn error_code(body: &[u8]) -> Option<&[u8]> {
     error_field(body, b'C')
 }
 
+/// The message (field `M`) of an ErrorResponse or NoticeResponse body,
+/// without copying.
+pub fn error_message(body: &[u8]) -> Option<&[u8]> {
+    error_field(body, b'M')
+}
+
 /// True for the body of a FATAL or PANIC ErrorResponse: the server closes
 /// the connection after it.
 pub fn error_is_fatal(body: &[u8]) -> bool {

@@ -37,6 +37,7 @@ pub mod backend {
     pub const ERROR_RESPONSE: u8 = b'E';
     pub const NEGOTIATE_PROTOCOL_VERSION: u8 = b'v';
     pub const NOTICE_RESPONSE: u8 = b'N';
+    pub const NOTIFICATION_RESPONSE: u8 = b'A';
     pub const PARAMETER_STATUS: u8 = b'S';
     pub const PARSE_COMPLETE: u8 = b'1';
     pub const READY_FOR_QUERY: u8 = b'Z';

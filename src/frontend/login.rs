@@ -21,6 +21,7 @@ use crate::backend::ServerCredential;
 use crate::config::{AuthMethod, TlsMode};
 use crate::hooks::{ClientInfo, ConnectionCtx, Event, Vars};
 use crate::metrics::ClientConnected;
+use crate::pool::{Pool, Pools};
 use crate::protocol::error::sqlstate;
 use crate::protocol::messages;
 use crate::protocol::scram_client::ScramKeys;
@@ -310,15 +311,22 @@ async fn login(
             format!("database \"{database}\" does not exist"),
         )
     };
+    // A listed database's entry, else the fallback entry's ("*"): then
+    // the server says whether it has the database.
     let server_tls = snapshot
-        .server_tls
-        .get(&database)
+        .server_tls_for(&database)
         .ok_or_else(unknown_database)?;
     let credential = server_credential(lookup.secret.as_ref(), &authenticated);
     let pool = deps
         .pools
         .get_or_create(config, &database, &user, server_tls, credential)
         .ok_or_else(unknown_database)?;
+    // Given back if the login fails from here on (a database the server
+    // does not have leaves no auto database's pool behind).
+    let pool = PoolClaim {
+        pools: &deps.pools,
+        pool: Some(pool),
+    };
     let mut session_params = SessionParams::from_startup(&params)?;
     let registration = deps.clients.register(facts);
     let client = ClientInfo {
@@ -379,13 +387,44 @@ async fn login(
         .map_err(|_| PgError::protocol("client went away"))?;
     Ok(Some(LoggedIn::Session(Box::new(Session::new(
         deps.clone(),
-        pool,
+        pool.keep(),
         session_params,
         server_params,
         registration,
         client,
         vars,
     )))))
+}
+
+/// The pool a login found or created, until the session takes it
+/// ([`PoolClaim::keep`]); a login that fails before that gives it back
+/// ([`Pools::give_back`]), however it ends (an error, the client leaving,
+/// `auth_timeout`).
+struct PoolClaim<'a> {
+    pools: &'a Pools,
+    /// The login's only handle on the pool (`None` once kept).
+    pool: Option<Arc<Pool>>,
+}
+
+impl PoolClaim<'_> {
+    fn keep(mut self) -> Arc<Pool> {
+        self.pool.take().expect("a claim is kept once")
+    }
+}
+
+impl std::ops::Deref for PoolClaim<'_> {
+    type Target = Pool;
+    fn deref(&self) -> &Pool {
+        self.pool.as_ref().expect("a claim is kept once")
+    }
+}
+
+impl Drop for PoolClaim<'_> {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.take() {
+            self.pools.give_back(pool);
+        }
+    }
 }
 
 /// Picks the method for this connection, or refuses it: TLS when

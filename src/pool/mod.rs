@@ -509,7 +509,8 @@ impl Pool {
     /// How often [`Pool::maintain`] should run for these settings.
     pub fn maintenance_interval(&self) -> Duration {
         let s = self.settings.load();
-        [s.server_idle_timeout, s.server_lifetime]
+        let autodb = s.autodb_idle_timeout.filter(|_| s.auto);
+        [s.server_idle_timeout, s.server_lifetime, autodb]
             .into_iter()
             .flatten()
             .map(|d| d / 4)

@@ -78,9 +78,15 @@ pub fn kill_client(deps: &SessionDeps, id: u64) -> Result<(), PgError> {
     Ok(())
 }
 
+/// A database the console may name: a listed one, or an auto database
+/// (reached through the fallback entry) that has a pool now.
 fn known_database(deps: &SessionDeps, database: Option<&str>) -> Result<(), PgError> {
+    let known = |d: &str| {
+        deps.config().listed_database(d).is_some()
+            || (deps.config().is_auto_database(d) && !deps.pools.of(Some(d)).is_empty())
+    };
     match database {
-        Some(d) if !deps.config().databases.contains_key(d) => Err(PgError::error(
+        Some(d) if !known(d) => Err(PgError::error(
             sqlstate::INVALID_CATALOG_NAME,
             format!("no such database: {}", crate::protocol::error::shown(d, 64)),
         )),

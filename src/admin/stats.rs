@@ -31,9 +31,8 @@ struct Totals {
 fn totals_by_database(deps: &SessionDeps) -> BTreeMap<String, Totals> {
     let mut by_db: BTreeMap<String, Totals> = deps
         .config()
-        .databases
-        .keys()
-        .map(|d| (d.clone(), Totals::default()))
+        .listed_databases()
+        .map(|(d, _)| (d.clone(), Totals::default()))
         .collect();
     for p in deps.pools.all() {
         let t = by_db.entry(p.database.clone()).or_default();
@@ -240,6 +239,23 @@ fn pools_of<'a>(
     pools.iter().filter(move |p| f(p))
 }
 
+/// The databases SHOW DATABASES lists: those listed under `databases`,
+/// then the auto databases (reached through the fallback entry `"*"`) that
+/// have a pool now, each with the entry it resolves to. The fallback entry
+/// itself is no database.
+fn databases(config: &Config, pools: &[Arc<Pool>]) -> Vec<String> {
+    let mut names: Vec<String> = config.listed_databases().map(|(n, _)| n.clone()).collect();
+    let mut auto: Vec<String> = pools
+        .iter()
+        .filter(|p| config.is_auto_database(&p.database))
+        .map(|p| p.database.clone())
+        .collect();
+    auto.sort();
+    auto.dedup();
+    names.extend(auto);
+    names
+}
+
 pub(super) fn show_databases(deps: &SessionDeps) -> Reply {
     let columns = [
         "name",
@@ -261,12 +277,13 @@ pub(super) fn show_databases(deps: &SessionDeps) -> Reply {
         "disabled",
     ];
     let pools = deps.pools.all();
-    let rows = deps
-        .config()
-        .databases
-        .iter()
-        .map(|(name, db)| {
-            let limits = deps.config().limits_for(name, "");
+    let config = deps.config();
+    let rows = databases(&config, &pools)
+        .into_iter()
+        .filter_map(|name| Some((config.database_for(&name)?, name)))
+        .map(|(db, name)| {
+            let name = &name;
+            let limits = config.limits_for(name, "");
             let connections: usize = pools_of(&pools, |p| &p.database == name)
                 .map(|p| p.idle_count() + p.stats.active.load(Relaxed))
                 .sum();
@@ -334,7 +351,7 @@ pub(super) fn show_lists(deps: &SessionDeps) -> Reply {
     let idle: usize = pools.iter().map(|p| p.idle_count()).sum();
     let used: usize = pools.iter().map(|p| p.stats.active.load(Relaxed)).sum();
     let rows = [
-        ("databases", deps.config().databases.len()),
+        ("databases", databases(&deps.config(), &pools).len()),
         ("users", deps.config().users.len()),
         ("pools", pools.len()),
         ("used_clients", deps.clients.connected()),
@@ -392,6 +409,7 @@ fn shown_value(c: &Config, hooks_enabled: bool, key: &str) -> Option<String> {
         "server_idle_timeout" => c.server_idle_timeout.to_string(),
         "server_lifetime" => c.server_lifetime.to_string(),
         "server_check_delay" => c.server_check_delay.to_string(),
+        "autodb_idle_timeout" => c.autodb_idle_timeout.to_string(),
         "auth_timeout" => c.auth_timeout.to_string(),
         "shutdown_timeout" => c.shutdown_timeout.to_string(),
         "max_message_size" => c.max_message_size.to_string(),
@@ -452,6 +470,7 @@ mod tests {
                 "server_idle_timeout|600|600|yes",
                 "server_lifetime|3600|3600|yes",
                 "server_check_delay|30|30|yes",
+                "autodb_idle_timeout|3600|3600|yes",
                 "auth_timeout|60|60|yes",
                 "shutdown_timeout|30|30|yes",
                 "max_message_size|268435456|268435456|yes",
@@ -474,6 +493,7 @@ mod tests {
              min_pool_size: 1\nserver_reset_query: ''\nquery_wait_timeout: 1.5\n\
              server_connect_timeout: 2\nclient_idle_timeout: 3\nidle_transaction_timeout: 4\n\
              server_idle_timeout: 5\nserver_lifetime: 6\nserver_check_delay: 0\n\
+             autodb_idle_timeout: 7\n\
              auth_timeout: 8\nshutdown_timeout: 9\nmax_message_size: 2048\n\
              max_buffered_message: 1024\nmax_buffered_total: 4096\nprepared_statements: 0\n\
              auth: { method: md5 }\nhooks: { enabled: false, dir: h, timeout_ms: 5, memory_limit_mb: 8 }\n\
@@ -503,6 +523,7 @@ mod tests {
                 "5",
                 "6",
                 "0",
+                "7",
                 "8",
                 "9",
                 "2048",

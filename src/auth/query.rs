@@ -72,9 +72,10 @@ impl AuthQuery {
         let user = config.auth.user.clone()?;
         let query = config.auth.effective_query()?.to_string();
         let password = config.users.get(&user).and_then(|u| u.password.clone());
+        // Listed databases only: with the fallback entry the query runs in
+        // `auth.dbname` (a listed database; config validation asks for it).
         let targets: HashMap<String, Target> = config
-            .databases
-            .iter()
+            .listed_databases()
             .map(|(name, db)| {
                 let target = Target {
                     host: db.host.clone(),

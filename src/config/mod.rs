@@ -136,6 +136,11 @@ pub struct Config {
     /// a round trip before it is handed out; 0 = always check.
     #[serde(default = "defaults::server_check_delay")]
     pub server_check_delay: f64,
+    /// Seconds a pool of a database reached through the fallback entry
+    /// (`databases."*"`) stays without clients before it is dropped; 0 =
+    /// never dropped.
+    #[serde(default = "defaults::autodb_idle_timeout")]
+    pub autodb_idle_timeout: f64,
     /// Named prepared statements kept per server connection in transaction
     /// mode; 0 turns protocol-level prepared statement support off.
     #[serde(default = "defaults::prepared_statements")]
@@ -438,6 +443,7 @@ mod defaults {
         server_idle_timeout: f64 = "server_idle_timeout";
         server_lifetime: f64 = "server_lifetime";
         server_check_delay: f64 = "server_check_delay";
+        autodb_idle_timeout: f64 = "autodb_idle_timeout";
         prepared_statements: usize = "prepared_statements";
         pinning: super::Pinning = "pinning";
         max_message_size: usize = "max_message_size";
@@ -477,6 +483,11 @@ mod defaults {
         settings::default_text("auth.query")
     }
 }
+
+/// The key of `databases` that stands for every database not listed
+/// (PgBouncer's `*`): a client of an unlisted database reaches the
+/// server's database of the same name through this entry.
+pub const FALLBACK_DATABASE: &str = "*";
 
 /// The admin console's database (`psql -d usher`).
 pub const ADMIN_DATABASE: &str = "usher";
@@ -639,6 +650,7 @@ impl Config {
             ("server_idle_timeout", self.server_idle_timeout),
             ("server_lifetime", self.server_lifetime),
             ("server_check_delay", self.server_check_delay),
+            ("autodb_idle_timeout", self.autodb_idle_timeout),
         ] {
             if !usable_seconds(v, true) {
                 return Err(err(
@@ -706,6 +718,24 @@ impl Config {
                     "this name is reserved for the admin console",
                 ));
             }
+            if name == FALLBACK_DATABASE && db.dbname.is_some() {
+                return Err(err(
+                    &format!("databases.{name}.dbname"),
+                    "the fallback entry connects each client to the server's database of the \
+                     client's own name; list a database to give it another name",
+                ));
+            }
+        }
+        if self.fallback_database().is_some()
+            && self.auth.user.is_some()
+            && self.auth.dbname.is_none()
+        {
+            return Err(err(
+                "auth.dbname",
+                "expected a listed database for the auth query: with the fallback entry \
+                 (databases.\"*\") clients may ask for any database, and the auth query \
+                 runs in one database usher lists",
+            ));
         }
         for (name, user) in &self.users {
             if user.pool_size == Some(0) {
@@ -734,7 +764,7 @@ impl Config {
             ));
         }
         if let Some(q) = &self.hooks.query {
-            if !self.databases.contains_key(&q.database) {
+            if self.listed_database(&q.database).is_none() {
                 return Err(err(
                     "hooks.query.database",
                     &format!(
@@ -782,12 +812,47 @@ impl Config {
         security::validate(self)
     }
 
+    /// The entry of a database listed under `databases` (never the
+    /// fallback entry).
+    pub fn listed_database(&self, name: &str) -> Option<&DatabaseConfig> {
+        self.databases
+            .get(name)
+            .filter(|_| name != FALLBACK_DATABASE)
+    }
+
+    /// The databases listed under `databases`, without the fallback entry.
+    pub fn listed_databases(&self) -> impl Iterator<Item = (&String, &DatabaseConfig)> {
+        self.databases
+            .iter()
+            .filter(|(name, _)| name.as_str() != FALLBACK_DATABASE)
+    }
+
+    /// The fallback entry (`databases."*"`), if there is one.
+    pub fn fallback_database(&self) -> Option<&DatabaseConfig> {
+        self.databases.get(FALLBACK_DATABASE)
+    }
+
+    /// The entry a client's database name resolves to: its own when it is
+    /// listed, else the fallback entry (whose `dbname` is the client's
+    /// name: [`DatabaseConfig::server_dbname`] gives the key). `None`:
+    /// usher has no way to that database.
+    pub fn database_for(&self, name: &str) -> Option<&DatabaseConfig> {
+        self.databases
+            .get(name)
+            .or_else(|| self.fallback_database())
+    }
+
+    /// True when `name` is reached through the fallback entry (not listed).
+    pub fn is_auto_database(&self, name: &str) -> bool {
+        self.listed_database(name).is_none() && self.fallback_database().is_some()
+    }
+
     /// The pool mode for a (database, user): user setting, then database, then global.
     pub fn pool_mode_for(&self, db: &str, user: &str) -> PoolMode {
         self.users
             .get(user)
             .and_then(|u| u.pool_mode)
-            .or_else(|| self.databases.get(db).and_then(|d| d.pool_mode))
+            .or_else(|| self.database_for(db).and_then(|d| d.pool_mode))
             .unwrap_or(self.pool_mode)
     }
 
@@ -796,13 +861,14 @@ impl Config {
         self.users
             .get(user)
             .and_then(|u| u.pool_size)
-            .or_else(|| self.databases.get(db).and_then(|d| d.pool_size))
+            .or_else(|| self.database_for(db).and_then(|d| d.pool_size))
             .unwrap_or(self.pool_size)
     }
 
-    /// Every limit of the pool for (database, user), with overrides applied.
+    /// Every limit of the pool for (database, user), with overrides applied
+    /// (a database reached through the fallback entry takes that entry's).
     pub fn limits_for(&self, db: &str, user: &str) -> PoolLimits {
-        let d = self.databases.get(db);
+        let d = self.database_for(db);
         let size = self.pool_size_for(db, user);
         let secs = |v: f64| (v > 0.0).then(|| Duration::from_secs_f64(v));
         let pick =
@@ -836,6 +902,8 @@ impl Config {
                 .and_then(|d| d.max_pinned)
                 .or(self.max_pinned)
                 .unwrap_or_else(|| default_max_pinned(size)),
+            auto: self.is_auto_database(db),
+            autodb_idle_timeout: secs(self.autodb_idle_timeout),
         }
     }
 }
@@ -844,7 +912,7 @@ impl Config {
     /// The tokio-postgres connection settings for `hooks.query`, if configured.
     pub fn hook_query_connection(&self) -> Option<tokio_postgres::Config> {
         let q = self.hooks.query.as_ref()?;
-        let db = self.databases.get(&q.database)?;
+        let db = self.listed_database(&q.database)?;
         let mut c = tokio_postgres::Config::new();
         c.host(&db.host)
             .port(db.port)
@@ -875,6 +943,12 @@ pub struct PoolLimits {
     pub server_check_delay: Duration,
     pub server_reset_query: String,
     pub prepared_statements: usize,
+    /// The database is reached through the fallback entry (not listed):
+    /// its pool is dropped when unused (see `autodb_idle_timeout`).
+    pub auto: bool,
+    /// How long an auto database's pool may stay without clients before
+    /// it is dropped; `None` (`autodb_idle_timeout: 0`): never.
+    pub autodb_idle_timeout: Option<Duration>,
     /// Transaction mode: what a client whose state cannot move gets.
     pub pinning: Pinning,
     /// Server connections pinned clients may hold at once; 0: no cap.
@@ -1096,6 +1170,68 @@ mod tests {
         assert_eq!(c.pool_size_for("a", "u"), 7);
         assert_eq!(c.pool_mode_for("a", "x"), PoolMode::Session);
         assert_eq!(c.pool_mode_for("b", "x"), PoolMode::Transaction);
+    }
+
+    #[test]
+    fn the_fallback_entry_serves_unlisted_databases_under_their_own_name() {
+        let c = Config::from_yaml(
+            "databases: { app: { pool_size: 5 }, \"*\": { port: 5433, pool_size: 7, pool_mode: session } }\n",
+            "f.yaml",
+        )
+        .unwrap();
+        assert_eq!(c.autodb_idle_timeout, 3600.0);
+        let any = c.database_for("reports").expect("through \"*\"");
+        assert_eq!((any.port, any.server_dbname("reports")), (5433, "reports"));
+        assert!(c.is_auto_database("reports") && !c.is_auto_database("app"));
+        assert!(c.listed_database("*").is_none());
+        assert_eq!(c.listed_databases().count(), 1);
+        let auto = c.limits_for("reports", "u");
+        assert!(auto.auto);
+        assert_eq!(auto.autodb_idle_timeout, Some(Duration::from_secs(3600)));
+        assert_eq!((auto.size, auto.mode), (7, PoolMode::Session));
+        let listed = c.limits_for("app", "u");
+        assert!(!listed.auto);
+        assert_eq!((listed.size, listed.mode), (5, PoolMode::Transaction));
+        // Without "*" nothing resolves but the listed.
+        let c = Config::from_yaml("databases: { app: {} }\n", "f.yaml").unwrap();
+        assert!(c.database_for("reports").is_none() && !c.is_auto_database("reports"));
+        let c = Config::from_yaml(
+            "autodb_idle_timeout: 0\ndatabases: { \"*\": {} }\n",
+            "f.yaml",
+        )
+        .unwrap();
+        assert_eq!(c.limits_for("x", "u").autodb_idle_timeout, None, "0: never");
+    }
+
+    #[test]
+    fn the_fallback_entry_refuses_what_cannot_work() {
+        for (yaml, key) in [
+            (
+                "databases: { \"*\": { dbname: app } }\n",
+                "databases.*.dbname",
+            ),
+            ("autodb_idle_timeout: -1\n", "autodb_idle_timeout"),
+            (
+                "databases: { app: {}, \"*\": {} }\nusers: { a: { password: pw } }\nauth: { user: a }\n",
+                "auth.dbname",
+            ),
+            (
+                "databases: { app: {}, \"*\": {} }\nusers: { a: { password: pw } }\nauth: { user: a, dbname: \"*\" }\n",
+                "auth.dbname",
+            ),
+            (
+                "databases: { \"*\": {} }\nusers: { a: { password: pw } }\nhooks: { query: { database: \"*\", user: a } }\n",
+                "hooks.query.database",
+            ),
+        ] {
+            let e = Config::from_yaml(yaml, "f.yaml").expect_err(yaml);
+            assert_eq!(e.key, key, "{yaml}: {}", e.message);
+        }
+        Config::from_yaml(
+            "databases: { app: {}, \"*\": {} }\nusers: { a: { password: pw } }\nauth: { user: a, dbname: app }\n",
+            "f.yaml",
+        )
+        .expect("the auth query in a listed database");
     }
 
     #[test]

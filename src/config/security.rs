@@ -255,7 +255,7 @@ pub(super) fn validate(config: &Config) -> Result<(), ConfigIssue> {
         }
     }
     if let Some(db) = &auth.dbname {
-        if !config.databases.contains_key(db) {
+        if config.listed_database(db).is_none() {
             return Err(err(
                 "auth.dbname",
                 format!("expected a database listed under `databases`, got `{db}`"),

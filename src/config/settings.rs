@@ -85,6 +85,8 @@ pub const SETTINGS: &[SettingSpec] = &[
     s("server_idle_timeout", Value("600"), Live, SHOW),
     s("server_lifetime", Value("3600"), Live, SHOW),
     s("server_check_delay", Value("30"), Live, SHOW),
+    // Read by each auto database's pool at its next maintenance round.
+    s("autodb_idle_timeout", Value("3600"), Live, SHOW),
     s("auth_timeout", Value("60"), NewClients, SHOW),
     s("shutdown_timeout", Value("30"), Live, SHOW),
     s("max_message_size", Value("268435456"), NewClients, SHOW),

@@ -195,6 +195,14 @@ impl SessionDeps {
 }
 
 impl ConfigSnapshot {
+    /// The TLS towards the server of a client's database: its own entry's
+    /// when it is listed, else the fallback entry's (`databases."*"`).
+    pub fn server_tls_for(&self, database: &str) -> Option<&ServerTls> {
+        self.server_tls
+            .get(database)
+            .or_else(|| self.server_tls.get(crate::config::FALLBACK_DATABASE))
+    }
+
     /// Builds from the configuration everything the login path needs,
     /// reading the files it names (certificates, the auth file, an HBA
     /// file); errors name the file and key.

@@ -21,7 +21,7 @@ use crate::backend::ServerCredential;
 use crate::config::{AuthMethod, PoolMode, TlsMode};
 use crate::hooks::{ClientInfo, ConnectionCtx, Event, Vars};
 use crate::metrics::ClientConnected;
-use crate::pool::Pool;
+use crate::pool::{Pool, Pools};
 use crate::protocol::error::sqlstate;
 use crate::protocol::messages;
 use crate::protocol::scram_client::ScramKeys;
@@ -196,13 +196,13 @@ pub async fn admit(deps: &Arc<SessionDeps>, tcp: TcpStream, addr: SocketAddr) ->
 
 /// The startup phase. `Ok(None)`: nothing more to do (cancel request, or the
 /// client left); `Err`: send this error and close.
-async fn login(
-    deps: &Arc<SessionDeps>,
+async fn login<'a>(
+    deps: &'a Arc<SessionDeps>,
     snapshot: &ConfigSnapshot,
     stream: &mut ClientStream,
     count: usize,
     progress: &mut Progress,
-) -> Result<Option<Step>, PgError> {
+) -> Result<Option<Step<'a>>, PgError> {
     let Some(params) = startup(snapshot, deps, stream, progress.addr).await? else {
         return Ok(None);
     };
@@ -323,15 +323,22 @@ async fn login(
             format!("database \"{database}\" does not exist"),
         )
     };
+    // A listed database's entry, else the fallback entry's ("*"): then
+    // the server says whether it has the database.
     let server_tls = snapshot
-        .server_tls
-        .get(&database)
+        .server_tls_for(&database)
         .ok_or_else(unknown_database)?;
     let credential = server_credential(lookup.secret.as_ref(), &authenticated);
     let pool = deps
         .pools
         .get_or_create(config, &database, &user, server_tls, credential)
         .ok_or_else(unknown_database)?;
+    // Given back if the login fails from here on (a database the server
+    // does not have leaves no auto database's pool behind).
+    let pool = PoolClaim {
+        pools: &deps.pools,
+        pool: Some(pool),
+    };
     let mut session_params = SessionParams::from_startup(&params)?;
     let registration = deps.clients.register(facts);
     let client = ClientInfo {
@@ -384,8 +391,8 @@ async fn login(
 /// A client that authenticated and passed the client_connection hooks,
 /// still to be told it is in: AuthenticationOk, the parameters as the
 /// server has them, BackendKeyData, ReadyForQuery.
-struct Welcome {
-    pool: Arc<Pool>,
+struct Welcome<'a> {
+    pool: PoolClaim<'a>,
     params: SessionParams,
     registration: Registration,
     client: ClientInfo,
@@ -395,9 +402,9 @@ struct Welcome {
 }
 
 /// Where a successful login goes next.
-enum Step {
+enum Step<'a> {
     Done(LoggedIn),
-    Welcome(Box<Welcome>),
+    Welcome(Box<Welcome<'a>>),
 }
 
 /// Tells a client it is in, as PostgreSQL would: AuthenticationOk, then
@@ -417,7 +424,7 @@ enum Step {
 async fn welcome(
     deps: &Arc<SessionDeps>,
     stream: &mut ClientStream,
-    welcome: Welcome,
+    welcome: Welcome<'_>,
 ) -> Result<Box<Session>, PgError> {
     let Welcome {
         pool,
@@ -522,7 +529,7 @@ async fn welcome(
     let (pid, secret) = (registration.handle.pid(), registration.handle.secret);
     let mut session = Box::new(Session::new(
         deps.clone(),
-        pool,
+        pool.keep(),
         params,
         defaults,
         registration,
@@ -540,6 +547,37 @@ async fn welcome(
     messages::ready_for_query(&mut out, status::IDLE);
     stream.write_all(&out).await.map_err(gone)?;
     Ok(session)
+}
+
+/// The pool a login found or created, until the session takes it
+/// ([`PoolClaim::keep`]); a login that fails before that gives it back
+/// ([`Pools::give_back`]), however it ends (an error, the client leaving,
+/// `auth_timeout`).
+struct PoolClaim<'a> {
+    pools: &'a Pools,
+    /// The login's only handle on the pool (`None` once kept).
+    pool: Option<Arc<Pool>>,
+}
+
+impl PoolClaim<'_> {
+    fn keep(mut self) -> Arc<Pool> {
+        self.pool.take().expect("a claim is kept once")
+    }
+}
+
+impl std::ops::Deref for PoolClaim<'_> {
+    type Target = Pool;
+    fn deref(&self) -> &Pool {
+        self.pool.as_ref().expect("a claim is kept once")
+    }
+}
+
+impl Drop for PoolClaim<'_> {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.take() {
+            self.pools.give_back(pool);
+        }
+    }
 }
 
 /// Picks the method for this connection, or refuses it: TLS when

@@ -34,11 +34,11 @@ use crate::backend::{self, ConnectError, ServerConn, ServerTarget};
 use crate::config::{PoolLimits, PoolMode};
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
-use tokio::sync::Notify;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
+use tokio::sync::Notify;
 
 /// At most this many (parameter, value) pairs a pool remembers the
 /// server's spelling of.

@@ -1,19 +1,34 @@
 //! The set of pools, created on first use from the configuration, and the
 //! operations on many pools at once (reload, PAUSE/RESUME, RECONNECT).
+//!
+//! A pool of a database reached through the fallback entry (`"*"`, an
+//! "auto database") is removed again once nobody uses it: by its
+//! maintenance task after `autodb_idle_timeout` without clients, lent
+//! connections or waiters, or at once when the login that created it
+//! failed (a database the server does not have leaves no pool). Whether a
+//! pool is used is whether anyone but the registry holds it: every client
+//! session (and a connection's recovery after its client left) holds its
+//! pool's `Arc`, and the removal checks that count under the map's lock,
+//! so a login either gets the pool before it goes or creates a new one.
 
 use super::Pool;
 use crate::backend::{ServerCredential, ServerTarget, SharedCredential};
-use crate::config::Config;
+use crate::config::{Config, FALLBACK_DATABASE};
 use crate::tls::ServerTls;
 use dashmap::DashMap;
 use parking_lot::Mutex;
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+type PoolMap = DashMap<(String, String), Arc<Pool>>;
 
 /// All pools, keyed by (database, user). Looked up once per client login.
 #[derive(Debug, Default)]
 pub struct Pools {
-    map: DashMap<(String, String), Arc<Pool>>,
+    /// In an `Arc` so that the maintenance tasks can remove their pool.
+    map: Arc<PoolMap>,
     /// What is paused, so pools created later start paused too.
     paused: Mutex<Paused>,
 }
@@ -37,10 +52,11 @@ impl Pools {
     }
 
     /// The pool for (database, user); created if it does not exist yet.
-    /// `None` if the database is not configured. `credential` is what the
+    /// `None` if the database is neither listed nor reached through the
+    /// fallback entry. `credential` is what the
     /// client's login gave usher to log in to the server with; it replaces an
     /// existing pool's when it differs (e.g. new SCRAM keys after a password
-    /// change on the server).
+    /// change on the server). Counts a login of the pool.
     pub fn get_or_create(
         &self,
         config: &Config,
@@ -51,6 +67,7 @@ impl Pools {
     ) -> Option<Arc<Pool>> {
         let key = (database.to_string(), user.to_string());
         if let Some(p) = self.map.get(&key) {
+            p.stats.logins.fetch_add(1, Ordering::Relaxed);
             p.offer_credential(credential);
             return Some(p.clone());
         }
@@ -69,11 +86,25 @@ impl Pools {
                 if self.paused.lock().covers(database) {
                     pool.pause();
                 }
-                spawn_maintenance(Arc::downgrade(&pool));
+                if pool.settings().auto {
+                    tracing::info!(db = %database, user, "auto database: pool created");
+                }
+                spawn_maintenance(Arc::downgrade(&pool), Arc::downgrade(&self.map));
                 pool
             })
             .clone();
+        pool.stats.logins.fetch_add(1, Ordering::Relaxed);
         Some(pool)
+    }
+
+    /// A login that failed after [`Pools::get_or_create`] gives its pool
+    /// back: an auto database's pool that nobody else uses is removed at
+    /// once (its idle connections closed), so a database the server does
+    /// not have leaves no pool behind. Listed databases' pools stay.
+    pub fn give_back(&self, pool: Arc<Pool>) {
+        if pool.settings().auto && remove_unused(&self.map, &pool, 2) {
+            tracing::debug!(db = %pool.database, user = %pool.user, "auto database: pool removed after a failed login");
+        }
     }
 
     /// Every pool, in no particular order.
@@ -92,13 +123,18 @@ impl Pools {
 
     /// Hands every pool its settings from a reloaded configuration. Pools
     /// whose server address (host, port, dbname or TLS) changed reconnect.
-    /// Pools of a database that is gone stay for the clients they serve;
+    /// An auto database's pool takes the fallback entry's settings (or,
+    /// when the reload lists the database, its own entry's, and it stays);
+    /// a listed database that is now reached through the fallback entry
+    /// becomes an auto database. Pools of a database that is gone stay for
+    /// the clients they serve (an auto database's until it is unused);
     /// new clients cannot reach them.
     pub fn apply_config(&self, old: &Config, new: &Config, tls: &HashMap<String, ServerTls>) {
         for pool in self.all() {
             let (db, user) = (pool.database.as_str(), pool.user.as_str());
+            let tls = tls.get(db).or_else(|| tls.get(FALLBACK_DATABASE));
             let (Some(before), Some(after), Some(tls)) =
-                (old.databases.get(db), new.databases.get(db), tls.get(db))
+                (old.database_for(db), new.database_for(db), tls)
             else {
                 continue;
             };
@@ -167,7 +203,7 @@ fn target_for(
     tls: &ServerTls,
     credential: ServerCredential,
 ) -> Option<ServerTarget> {
-    let db = config.databases.get(database)?;
+    let db = config.database_for(database)?;
     Some(ServerTarget {
         host: db.host.clone(),
         port: db.port,
@@ -178,15 +214,89 @@ fn target_for(
     })
 }
 
-/// Runs [`Pool::maintain`] periodically for as long as the pool exists.
-fn spawn_maintenance(pool: std::sync::Weak<Pool>) {
+/// Runs [`Pool::maintain`] periodically for as long as the pool exists;
+/// an auto database's pool unused for `autodb_idle_timeout` is removed
+/// from `map`, and the task ends.
+fn spawn_maintenance(pool: Weak<Pool>, map: Weak<PoolMap>) {
     tokio::spawn(async move {
+        let mut unused = Unused::default();
         loop {
             let Some(p) = pool.upgrade() else { return };
             p.maintain().await;
+            let timeout = {
+                let s = p.settings();
+                s.autodb_idle_timeout.filter(|_| s.auto)
+            };
+            match timeout {
+                Some(timeout) if unused.for_longer_than(&p, timeout) => {
+                    if let Some(map) = map.upgrade() {
+                        if remove_unused(&map, &p, 2) {
+                            tracing::info!(db = %p.database, user = %p.user, idle_s = timeout.as_secs_f64(), "auto database: unused pool removed (autodb_idle_timeout)");
+                            return;
+                        }
+                    }
+                }
+                Some(_) => {}
+                None => unused = Unused::default(),
+            }
             let interval = p.maintenance_interval();
             drop(p);
             tokio::time::sleep(interval).await;
         }
     });
+}
+
+/// Since when an auto database's pool has been unused, as its maintenance
+/// task sees it (PgBouncer's autodb `active_stamp`). Logins and checkouts
+/// counted since the last round count as use, so a client that came and
+/// went between two rounds is not missed.
+#[derive(Debug, Default)]
+struct Unused {
+    since: Option<Instant>,
+    /// (logins, checkouts) at the last round.
+    seen: (u64, u64),
+}
+
+impl Unused {
+    /// Whether `pool` (held by the registry and the caller) has been unused
+    /// for `timeout`.
+    fn for_longer_than(&mut self, pool: &Arc<Pool>, timeout: Duration) -> bool {
+        let s = &pool.stats;
+        let seen = (
+            s.logins.load(Ordering::Relaxed),
+            s.checkouts.load(Ordering::Relaxed),
+        );
+        let used = seen != self.seen || in_use(pool, 2);
+        self.seen = seen;
+        if used {
+            self.since = None;
+            return false;
+        }
+        self.since.get_or_insert_with(Instant::now).elapsed() >= timeout
+    }
+}
+
+/// Whether anyone beyond `holders` holds `pool` (a client session, a
+/// login, a connection's recovery), or it lends, opens or waits for a
+/// server connection.
+fn in_use(pool: &Arc<Pool>, holders: usize) -> bool {
+    let s = &pool.stats;
+    Arc::strong_count(pool) > holders
+        || s.active.load(Ordering::Acquire) > 0
+        || s.waiting.load(Ordering::Acquire) > 0
+        || s.servers_login.load(Ordering::Acquire) > 0
+}
+
+/// Removes `pool` from `map` if it is still there and nobody but the map
+/// and the caller (`holders` in all) holds it; checked under the map's
+/// lock, so no login can take it meanwhile. Its idle connections close.
+fn remove_unused(map: &PoolMap, pool: &Arc<Pool>, holders: usize) -> bool {
+    let key = (pool.database.clone(), pool.user.clone());
+    let removed = map
+        .remove_if(&key, |_, p| Arc::ptr_eq(p, pool) && !in_use(p, holders))
+        .is_some();
+    if removed {
+        pool.close_idle();
+    }
+    removed
 }

@@ -418,7 +418,8 @@ impl<C: Pooled> Slots<C> {
     /// 50 ms and 1 s.
     pub(super) fn maintenance_interval(&self) -> Duration {
         let s = self.settings.load();
-        [s.server_idle_timeout, s.server_lifetime]
+        let autodb = s.autodb_idle_timeout.filter(|_| s.auto);
+        [s.server_idle_timeout, s.server_lifetime, autodb]
             .into_iter()
             .flatten()
             .map(|d| d / 4)

@@ -12,6 +12,9 @@ use std::time::Duration;
 pub struct PoolStats {
     metrics: PoolMetrics,
     pub server_connects: AtomicU64,
+    /// Clients that logged in to this pool (an auto database's pool is
+    /// in use while this moves; see `registry::spawn_maintenance`).
+    pub logins: AtomicU64,
     pub checkouts: AtomicU64,
     pub transactions: AtomicU64,
     pub waiting: AtomicUsize,
@@ -77,6 +80,7 @@ impl PoolStats {
                 sent: metrics::counter!(m::CLIENT_SENT_BYTES, &labels),
             },
             server_connects: AtomicU64::new(0),
+            logins: AtomicU64::new(0),
             checkouts: AtomicU64::new(0),
             transactions: AtomicU64::new(0),
             waiting: AtomicUsize::new(0),

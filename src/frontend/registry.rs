@@ -155,19 +155,29 @@ impl ClientHandle {
 
     /// Resolves once the client is killed.
     pub fn killed(&self) -> impl Future<Output = ()> + '_ {
-        std::future::poll_fn(move |cx| {
-            let k = &self.kill;
-            if k.killed.load(Ordering::Acquire) {
-                return Poll::Ready(());
-            }
-            k.waker.register(cx.waker());
-            // A kill between the check and the registration woke nobody.
-            if k.killed.load(Ordering::Acquire) {
-                Poll::Ready(())
-            } else {
-                Poll::Pending
-            }
-        })
+        std::future::poll_fn(move |cx| self.poll_killed(cx))
+    }
+
+    /// Ready once the client is killed; else the task is woken when it is,
+    /// or when it is [poked](ClientHandle::poke).
+    pub fn poll_killed(&self, cx: &mut std::task::Context<'_>) -> Poll<()> {
+        let k = &self.kill;
+        if k.killed.load(Ordering::Acquire) {
+            return Poll::Ready(());
+        }
+        k.waker.register(cx.waker());
+        // A kill between the check and the registration woke nobody.
+        if k.killed.load(Ordering::Acquire) {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+
+    /// Wakes the client's task without killing it: an idle client looks
+    /// again at what may end it (shutdown's drain).
+    pub fn poke(&self) {
+        self.kill.waker.wake();
     }
 }
 
@@ -290,6 +300,15 @@ impl ClientRegistry {
             same.retain(|h| !Arc::ptr_eq(h, handle));
         }
         self.by_pid.remove_if(&pid, |_, same| same.is_empty());
+    }
+
+    /// Wakes every client's task ([`ClientHandle::poke`]).
+    pub fn poke_all(&self) {
+        for entry in self.by_pid.iter() {
+            for handle in entry.value() {
+                handle.poke();
+            }
+        }
     }
 
     /// Every logged-in client, by id.

@@ -71,7 +71,7 @@ pub struct Session {
     charged: usize,
     /// Session mode: the server connection the login took (the client was
     /// told its backend's pid); the serve loop starts with it.
-    login_server: Option<Checkout>,
+    login_server: Option<Box<Checkout>>,
     /// Transaction mode: what state that cannot move does (`pinning`).
     pinning: Pinning,
     /// The pool's pin slot this client holds (its server connection is
@@ -79,6 +79,10 @@ pub struct Session {
     pin_slot: Option<PinSlot>,
     /// What pinned the connection when it was last logged.
     logged_pins: PinKinds,
+    /// The flow and the client's message walker between busy phases (the
+    /// busy phase's `Forwarding` has them meanwhile).
+    flow: Flow,
+    in_walker: FrameWalker,
 }
 
 /// Why the serve loop ended.
@@ -92,6 +96,18 @@ enum LoopEnd {
     /// The server closed the connection after a FATAL the client was
     /// forwarded: nothing more to say (a direct client sees just that).
     ServerFatal,
+    /// Not an end: the client holds nothing any more and the busy phase
+    /// gives way to the idle wait.
+    Idle,
+}
+
+/// What the serve task does next.
+enum Phase {
+    /// Forward ([`Session::busy`], boxed).
+    Busy,
+    /// Wait for the client, holding nothing ([`Session::parked`]).
+    Parked,
+    Ended,
 }
 
 /// The forwarding state of one client (`fwd` in the serve loop): the server
@@ -157,13 +173,15 @@ impl Session {
             pinning,
             pin_slot: None,
             logged_pins: PinKinds::NONE,
+            flow: Flow::new(mode, rewriting, pinning),
+            in_walker: FrameWalker::new(0),
         }
     }
 
     /// Session mode: the session will start on the server connection the
     /// login took.
     pub(crate) fn hold_login_server(&mut self, checkout: Checkout) {
-        self.login_server = Some(checkout);
+        self.login_server = Some(Box::new(checkout));
     }
 
     /// Session mode, at login: the session begins on the server connection
@@ -182,56 +200,153 @@ impl Session {
                 Ok(())
             }
             Err(e) => {
-                self.pool.discard(checkout);
+                self.pool.discard(*checkout);
                 Err(e)
             }
         }
     }
 
     /// Serves the client until it leaves, an error ends it, or shutdown.
-    pub async fn serve(mut self, mut client: ClientStream) {
+    ///
+    /// The task's own future is what an idle client costs, so it is kept
+    /// small: it holds the boxed session, the stream, and either the small
+    /// wait of an idle client ([`Session::parked`]) or a boxed busy phase
+    /// ([`Session::busy`]: forwarding, its buffers and decisions), which is
+    /// freed whenever the client is idle again.
+    pub async fn serve(mut self: Box<Self>, mut client: ClientStream) {
+        let mut phase = Box::pin(self.begin(&mut client)).await;
+        loop {
+            phase = match phase {
+                Phase::Busy => Box::pin(self.busy(&mut client)).await,
+                Phase::Parked => self.parked(&mut client).await,
+                Phase::Ended => return,
+            };
+        }
+    }
+
+    /// The session begins: in transaction mode now, with no server
+    /// connection (session_start hooks); in session mode when its server
+    /// connection is assigned.
+    async fn begin(&mut self, client: &mut ClientStream) -> Phase {
         let config = self.deps.config();
-        let (max_message, max_buffered) = (config.max_message_size, config.max_buffered_message);
+        // Messages read whole (named Parse, Describe, Close) are bounded by
+        // max_buffered_message; all others stream.
+        self.in_walker =
+            FrameWalker::new(config.max_message_size).inspect_up_to(config.max_buffered_message);
         drop(config);
+        if self.mode == PoolMode::Transaction {
+            self.session_started = true;
+            if let Err(e) = self
+                .start_session(client, SessionReason::NewSession, None)
+                .await
+            {
+                let fwd = self.forwarding();
+                Box::pin(self.finish(client, fwd, LoopEnd::Error(e), false)).await;
+                return Phase::Ended;
+            }
+        }
+        if self.login_server.is_some() {
+            Phase::Busy
+        } else {
+            Phase::Parked
+        }
+    }
+
+    /// The client holds nothing (no server connection, no buffer, nothing
+    /// half-read): wait until it sends something, or until its idle
+    /// timeout (client_idle_timeout), shutdown's drain or KILL ends it.
+    async fn parked(&mut self, client: &mut ClientStream) -> Phase {
+        let timeout = self
+            .pool
+            .settings()
+            .client_idle_timeout
+            .map(|t| Box::pin(tokio::time::sleep(t)));
+        let woken = IdleWait {
+            client,
+            handle: &self.handle,
+            deps: &self.deps,
+            timeout,
+        }
+        .await;
+        if woken == Woken::Readable {
+            return Phase::Busy;
+        }
+        Box::pin(self.end_parked(client, woken)).await;
+        Phase::Ended
+    }
+
+    /// An idle client's session ends.
+    async fn end_parked(&mut self, client: &mut ClientStream, woken: Woken) {
+        let end = match woken {
+            Woken::Readable | Woken::Left => LoopEnd::ClientLeft,
+            Woken::TimedOut => LoopEnd::Error(idle_session_timeout()),
+            Woken::Draining => LoopEnd::Shutdown,
+            Woken::Killed => LoopEnd::Error(killed()),
+        };
+        let fwd = self.forwarding();
+        self.finish(client, fwd, end, false).await;
+    }
+
+    /// Forwards until the client is idle again (then its forwarding state
+    /// is dropped and the loop parks), or until the session ends.
+    async fn busy(&mut self, client: &mut ClientStream) -> Phase {
+        let mut fwd = self.forwarding();
+        // KILL_CLIENT / KILL end the session wherever it is, even waiting
+        // for a server connection; what it held is then in an unknown state.
+        let handle = self.handle.clone();
+        let (end, interrupted) = tokio::select! {
+            end = self.serve_loop(client, &mut fwd) => (end, false),
+            _ = handle.killed() => (LoopEnd::Error(killed()), true),
+        };
+        if let LoopEnd::Idle = end {
+            self.flow = fwd.flow;
+            self.in_walker = fwd.in_walker;
+            return Phase::Parked;
+        }
+        Box::pin(self.finish(client, fwd, end, interrupted)).await;
+        Phase::Ended
+    }
+
+    /// The forwarding state of a busy phase, from what the session keeps
+    /// between them (and, in session mode, the server connection the
+    /// login took).
+    fn forwarding(&mut self) -> Forwarding {
+        let flow = std::mem::replace(
+            &mut self.flow,
+            Flow::new(self.mode, self.rewriting, self.pinning),
+        );
         let mut fwd = Forwarding {
             held: None,
             lent_at: Instant::now(),
             server_gone: false,
-            flow: Flow::new(self.mode, self.rewriting, self.pinning),
+            flow,
             in_buf: BytesMut::new(),
             out_buf: BytesMut::new(),
             to_server: BytesMut::new(),
-            // Messages read whole (named Parse, Describe, Close) are bounded
-            // by max_buffered_message; all others stream.
-            in_walker: FrameWalker::new(max_message).inspect_up_to(max_buffered),
+            in_walker: std::mem::replace(&mut self.in_walker, FrameWalker::new(0)),
             out_walker: FrameWalker::new(usize::MAX >> 1),
             notes: Vec::new(),
         };
         if let Some(checkout) = self.login_server.take() {
             self.handle
                 .set_server(Some(checkout.conn.summary().clone()));
-            fwd.held = Some(checkout);
+            fwd.held = Some(*checkout);
             self.pool.stats.client_active(1);
             fwd.out_buf.reserve(BUFFER_SIZE);
         }
-        // Transaction mode: the session begins now, with no server
-        // connection; session mode: when its server connection is assigned.
-        let mut started = Ok(Vec::new());
-        if self.mode == PoolMode::Transaction {
-            self.session_started = true;
-            started =
-                Box::pin(self.start_session(&mut client, SessionReason::NewSession, None)).await;
-        }
-        // KILL_CLIENT / KILL end the session wherever it is, even waiting
-        // for a server connection; what it held is then in an unknown state.
-        let handle = self.handle.clone();
-        let (end, interrupted) = match started {
-            Err(e) => (LoopEnd::Error(e), false),
-            Ok(_) => tokio::select! {
-                end = self.serve_loop(&mut client, &mut fwd) => (end, false),
-                _ = handle.killed() => (LoopEnd::Error(killed()), true),
-            },
-        };
+        fwd
+    }
+
+    /// The session is over: the server connection goes back (or to
+    /// recovery), the client is told why if it is still there,
+    /// session_end hooks run and the disconnection is logged.
+    async fn finish(
+        &mut self,
+        client: &mut ClientStream,
+        mut fwd: Forwarding,
+        end: LoopEnd,
+        interrupted: bool,
+    ) {
         self.handle.set_server(None);
         self.deps.buffers.recharge(&mut self.charged, 0, 0);
         // Pinned or not, the connection is the pool's again from here.
@@ -270,14 +385,14 @@ impl Session {
             }
         }
         match &end {
-            LoopEnd::ClientLeft | LoopEnd::ServerFatal => {}
-            LoopEnd::Error(e) => Box::pin(close_with_error(&mut client, e)).await,
+            LoopEnd::ClientLeft | LoopEnd::ServerFatal | LoopEnd::Idle => {}
+            LoopEnd::Error(e) => Box::pin(close_with_error(client, e)).await,
             LoopEnd::Shutdown => {
                 let e = PgError::fatal(
                     sqlstate::ADMIN_SHUTDOWN,
                     "terminating connection because usher is shutting down",
                 );
-                Box::pin(close_with_error(&mut client, &e)).await;
+                Box::pin(close_with_error(client, &e)).await;
             }
         }
         if self.deps.hooks.handles(Event::SessionEnd) {
@@ -290,7 +405,7 @@ impl Session {
         }
         if self.deps.config().log.disconnections {
             let (reason, error) = match &end {
-                LoopEnd::ClientLeft => ("client", None),
+                LoopEnd::ClientLeft | LoopEnd::Idle => ("client", None),
                 LoopEnd::Error(e) => ("error", Some(e)),
                 LoopEnd::Shutdown => ("shutdown", None),
                 LoopEnd::ServerFatal => ("server", None),
@@ -308,6 +423,9 @@ impl Session {
     async fn serve_loop(&mut self, client: &mut ClientStream, fwd: &mut Forwarding) -> LoopEnd {
         let mut shutdown = self.deps.draining();
         let pool = self.pool.clone();
+        // The phase began because the client was readable (or holds its
+        // login's server connection): it parks only after an event.
+        let mut woke = false;
         loop {
             let between_messages =
                 fwd.flow.quiet() && fwd.in_walker.at_boundary() && fwd.to_server.is_empty();
@@ -325,6 +443,16 @@ impl Session {
                 fwd.in_buf = BytesMut::new();
                 self.deps.buffers.recharge(&mut self.charged, 0, 0);
             }
+            if woke
+                && fwd.held.is_none()
+                && between_messages
+                && fwd.in_buf.is_empty()
+                && fwd.out_buf.is_empty()
+            {
+                // Nothing held, nothing half-read: the client waits parked.
+                return LoopEnd::Idle;
+            }
+            woke = true;
             // The client's turn to speak: its idle timeouts run (each loop
             // turn is activity, so they restart; they are read each turn,
             // as a reload may change them). A client idle between
@@ -1067,6 +1195,55 @@ fn server_info(checkout: &Checkout) -> ServerInfo {
     }
 }
 
+/// The wait of an idle client: a few pointers, since every idle client
+/// holds one. The socket's registration keeps the read waker; the kill
+/// switch's waker is also what shutdown's drain pokes.
+struct IdleWait<'a> {
+    client: &'a ClientStream,
+    handle: &'a ClientHandle,
+    deps: &'a SessionDeps,
+    /// client_idle_timeout, when set.
+    timeout: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+/// What ended an idle client's wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Woken {
+    /// It sent something (or closed: the read will say).
+    Readable,
+    /// Its socket failed.
+    Left,
+    TimedOut,
+    Draining,
+    Killed,
+}
+
+impl std::future::Future for IdleWait<'_> {
+    type Output = Woken;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Woken> {
+        // The waker is registered before the drain flag is read: a drain
+        // that starts in between pokes it.
+        if self.handle.poll_killed(cx).is_ready() {
+            return Poll::Ready(Woken::Killed);
+        }
+        if self.deps.is_draining() {
+            return Poll::Ready(Woken::Draining);
+        }
+        match self.client.poll_readable(cx) {
+            Poll::Ready(Ok(())) => return Poll::Ready(Woken::Readable),
+            Poll::Ready(Err(_)) => return Poll::Ready(Woken::Left),
+            Poll::Pending => {}
+        }
+        if let Some(t) = self.timeout.as_mut() {
+            if t.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Woken::TimedOut);
+            }
+        }
+        Poll::Pending
+    }
+}
+
 /// What woke the serve loop.
 enum LoopEvent {
     ClientData,
@@ -1164,4 +1341,33 @@ fn killed() -> PgError {
 fn server_lost(detail: &str) -> PgError {
     PgError::fatal(sqlstate::CONNECTION_FAILURE, "server connection lost")
         .with_detail(detail.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The size of what `f` returns (a future's, without making one).
+    fn output_size<F, A, B, R>(_: &F) -> usize
+    where
+        F: Fn(A, B) -> R,
+    {
+        std::mem::size_of::<R>()
+    }
+
+    /// What every idle client holds: the serve task's future (the boxed
+    /// session, the stream, the idle wait) and the session. The busy
+    /// phase's state is boxed and freed while the client is idle.
+    #[test]
+    fn an_idle_client_holds_little() {
+        let serve = output_size(&Session::serve);
+        let session = std::mem::size_of::<Session>();
+        eprintln!(
+            "serve future {serve} B, Session {session} B (Flow {} B, Forwarding {} B while busy)",
+            std::mem::size_of::<Flow>(),
+            std::mem::size_of::<Forwarding>()
+        );
+        assert!(serve <= 256, "serve future {serve} B");
+        assert!(session <= 1024, "Session {session} B");
+    }
 }

@@ -83,16 +83,23 @@ impl ClientStream {
     /// Waits until a read would make progress, without reading. For TLS,
     /// plaintext already decrypted and buffered counts as readable.
     pub async fn readable(&self) -> io::Result<()> {
+        std::future::poll_fn(|cx| self.poll_readable(cx)).await
+    }
+
+    /// [`ClientStream::readable`] as a poll: the waker is kept by the
+    /// socket's registration, not by a future.
+    pub fn poll_readable(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self {
-            ClientStream::Plain(s) => s.readable().await,
+            ClientStream::Plain(s) => s.poll_read_ready(cx),
             ClientStream::Tls(s) => {
                 let (tcp, conn) = s.get_ref().get_ref();
                 if !conn.wants_read() {
-                    return Ok(()); // buffered plaintext, or the peer closed
+                    // buffered plaintext, or the peer closed
+                    return Poll::Ready(Ok(()));
                 }
-                tcp.readable().await
+                tcp.poll_read_ready(cx)
             }
-            ClientStream::Closed => Err(closed()),
+            ClientStream::Closed => Poll::Ready(Err(closed())),
         }
     }
 }

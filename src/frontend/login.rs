@@ -346,7 +346,7 @@ async fn login<'a>(
         application_name,
         user,
         database,
-        startup: params,
+        startup: params.into(),
         addr,
         tls,
         auth_method: method.to_string(),

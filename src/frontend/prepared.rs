@@ -166,6 +166,11 @@ pub struct ResponsePlan {
 }
 
 impl ResponsePlan {
+    /// Nothing owed or remembered (as a new plan).
+    pub fn is_empty(&self) -> bool {
+        self.owed.is_empty() && self.used.is_empty() && self.syncs_sent == self.ready_seen
+    }
+
     /// A Sync or Query went to the server.
     pub fn sync_sent(&mut self) {
         self.syncs_sent += 1;

@@ -79,11 +79,17 @@ pub struct Session {
     pin_slot: Option<PinSlot>,
     /// What pinned the connection when it was last logged.
     logged_pins: PinKinds,
-    /// The flow and the client's message walker between busy phases (the
-    /// busy phase's `Forwarding` has them meanwhile).
-    flow: Flow,
+    /// The flow between busy phases (the busy phase's `Forwarding` has it
+    /// meanwhile), when it remembers anything ([`Flow::at_rest`]).
+    flow: Option<Box<Flow>>,
+    /// The client's message walker between busy phases.
     in_walker: FrameWalker,
+    /// The client counts as connected while its session lasts.
+    counted: Option<Counted>,
 }
+
+/// What counts a client as connected (the registry's count, the gauge).
+pub(crate) type Counted = (super::registry::Connected, crate::metrics::ClientConnected);
 
 /// Why the serve loop ended.
 enum LoopEnd {
@@ -173,8 +179,9 @@ impl Session {
             pinning,
             pin_slot: None,
             logged_pins: PinKinds::NONE,
-            flow: Flow::new(mode, rewriting, pinning),
+            flow: None,
             in_walker: FrameWalker::new(0),
+            counted: None,
         }
     }
 
@@ -206,19 +213,30 @@ impl Session {
         }
     }
 
-    /// Serves the client until it leaves, an error ends it, or shutdown.
+    /// Serves the client until it leaves, an error ends it, or shutdown:
+    /// the future of the client's task (`counted` is dropped with it).
     ///
-    /// The task's own future is what an idle client costs, so it is kept
-    /// small: it holds the boxed session, the stream, and either the small
-    /// wait of an idle client ([`Session::parked`]) or a boxed busy phase
+    /// That future is what an idle client costs, so it is kept small: it
+    /// holds the boxed session, the boxed stream, and either the small wait
+    /// of an idle client ([`Session::parked`]) or a boxed busy phase
     /// ([`Session::busy`]: forwarding, its buffers and decisions), which is
     /// freed whenever the client is idle again.
-    pub async fn serve(mut self: Box<Self>, mut client: ClientStream) {
-        let mut phase = Box::pin(self.begin(&mut client)).await;
+    pub fn serve(
+        mut self: Box<Self>,
+        client: ClientStream,
+        counted: Counted,
+    ) -> impl std::future::Future<Output = ()> + Send {
+        self.counted = Some(counted);
+        self.serve_boxed(Box::new(client))
+    }
+
+    async fn serve_boxed(mut self: Box<Self>, mut client: Box<ClientStream>) {
+        let client = &mut *client;
+        let mut phase = Box::pin(self.begin(client)).await;
         loop {
             phase = match phase {
-                Phase::Busy => Box::pin(self.busy(&mut client)).await,
-                Phase::Parked => self.parked(&mut client).await,
+                Phase::Busy => Box::pin(self.busy(client)).await,
+                Phase::Parked => self.parked(client).await,
                 Phase::Ended => return,
             };
         }
@@ -299,7 +317,7 @@ impl Session {
             _ = handle.killed() => (LoopEnd::Error(killed()), true),
         };
         if let LoopEnd::Idle = end {
-            self.flow = fwd.flow;
+            self.flow = (!fwd.flow.at_rest()).then(|| Box::new(fwd.flow));
             self.in_walker = fwd.in_walker;
             return Phase::Parked;
         }
@@ -311,10 +329,10 @@ impl Session {
     /// between them (and, in session mode, the server connection the
     /// login took).
     fn forwarding(&mut self) -> Forwarding {
-        let flow = std::mem::replace(
-            &mut self.flow,
-            Flow::new(self.mode, self.rewriting, self.pinning),
-        );
+        let flow = match self.flow.take() {
+            Some(flow) => *flow,
+            None => Flow::new(self.mode, self.rewriting, self.pinning),
+        };
         let mut fwd = Forwarding {
             held: None,
             lent_at: Instant::now(),
@@ -1348,9 +1366,9 @@ mod tests {
     use super::*;
 
     /// The size of what `f` returns (a future's, without making one).
-    fn output_size<F, A, B, R>(_: &F) -> usize
+    fn output_size<F, A, B, C, R>(_: &F) -> usize
     where
-        F: Fn(A, B) -> R,
+        F: Fn(A, B, C) -> R,
     {
         std::mem::size_of::<R>()
     }

@@ -50,7 +50,7 @@ pub(super) fn new_ctx(
         ] {
             item(&mut blob, s);
         }
-        for (k, v) in &c.startup {
+        for (k, v) in c.startup.iter() {
             item(&mut blob, k);
             item(&mut blob, v);
         }

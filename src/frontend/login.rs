@@ -348,7 +348,7 @@ async fn login<'a>(
         database,
         startup: params.into(),
         addr,
-        tls,
+        tls: tls.map(Box::new),
         auth_method: method.to_string(),
         pool_mode: pool.mode(),
     };

@@ -79,7 +79,8 @@ pub struct ClientInfo {
     /// The startup packet's parameters, as sent.
     pub startup: StartupParams,
     pub addr: SocketAddr,
-    pub tls: Option<TlsInfo>,
+    /// Boxed: most clients have none, and each idle client keeps this.
+    pub tls: Option<Box<TlsInfo>>,
     pub auth_method: String,
     pub pool_mode: PoolMode,
 }

@@ -5,13 +5,17 @@
 //! - [`accept`]: client-facing `ServerConfig` from `tls.cert`/`key`/`ca`.
 //! - [`connect`]: server-facing `ClientConfig` per database (`databases.<name>.tls`).
 //! - [`write_through`]: writes that return once the bytes are on the socket.
+//! - [`lean`]: a client's TLS stream on rustls' unbuffered API, holding no
+//!   buffer while idle (writes return once on the socket too).
 
 pub mod accept;
 pub(crate) mod connect;
+pub(crate) mod lean;
 pub(crate) mod write_through;
 
 pub use accept::ClientTls;
 pub use connect::ServerTls;
+pub use lean::LeanTls;
 pub use write_through::WriteThrough;
 
 use rustls::crypto::CryptoProvider;

@@ -13,14 +13,14 @@ mod connect;
 pub(crate) mod credential;
 pub mod error;
 mod held_state;
+pub(crate) mod server_stream;
 mod session_settings;
-pub(crate) mod stream;
 
 pub use connect::{connect, ServerTarget};
 pub use credential::{ServerCredential, SharedCredential};
 pub use error::{ConnectError, QueryError, ServerError, TlsStep, WireError};
 pub use held_state::HeldState;
-pub use stream::ServerStream;
+pub use server_stream::ServerStream;
 
 use crate::protocol::tags::field;
 use bytes::BytesMut;

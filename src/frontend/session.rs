@@ -14,14 +14,14 @@
 
 use super::abandon::{self, Abandoned};
 use super::budget;
+use super::client_registry::{ClientHandle, Registration};
+use super::client_stream::ClientStream;
 use super::close_with_error;
 use super::deps::SessionDeps;
 use super::flow::{self, ClientStep, Flow, Note, PinStep, ServerStep};
 use super::params::SessionParams;
 use super::prepared::{self, ClientStatements, Rewriter};
-use super::registry::{ClientHandle, Registration};
 use super::sql_scan::PinKinds;
-use super::stream::ClientStream;
 use crate::backend::HeldState;
 use crate::config::{Pinning, PoolMode};
 use crate::hooks::{ClientInfo, Event, ServerInfo, SessionCtx, SessionEndCtx, SessionReason, Vars};

@@ -6,12 +6,12 @@
 //! - [`connect`]: server-facing `ClientConfig` per database (`databases.<name>.tls`).
 //! - [`write_through`]: writes that return once the bytes are on the socket.
 
-pub mod accept;
-pub(crate) mod connect;
+pub mod client_tls;
+pub(crate) mod server_tls;
 pub(crate) mod write_through;
 
-pub use accept::ClientTls;
-pub use connect::ServerTls;
+pub use client_tls::ClientTls;
+pub use server_tls::ServerTls;
 pub use write_through::WriteThrough;
 
 use rustls::crypto::CryptoProvider;

@@ -502,6 +502,7 @@ async fn welcome(
             }
             params.after_sync(&mut checkout.conn, &defaults);
         }
+        params.mark_in_line(&mut checkout.conn, &defaults);
         if out.len() == before {
             // Nothing to say about these values: later logins may skip
             // the server.

@@ -529,6 +529,7 @@ impl Session {
             let changed = self.params.after_sync(&mut checkout.conn, &self.defaults);
             report_parameters(client, changed).await?;
         }
+        self.params.mark_in_line(&mut checkout.conn, &self.defaults);
         for sql in exec {
             if let Err(e) = checkout.conn.simple_query(&sql).await {
                 let w = PgError::warning(format!("session_start statement failed: {e}"))
@@ -975,6 +976,7 @@ impl Session {
             let changed = self.params.after_sync(conn, &self.defaults);
             report_parameters(client, changed).await?;
         }
+        self.params.mark_in_line(conn, &self.defaults);
         self.handle
             .set_server(Some(checkout.conn.summary().clone()));
         Ok(checkout)

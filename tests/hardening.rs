@@ -274,7 +274,7 @@ const CHECKED: &[&str] = &[
     "src/protocol/scram_client.rs",
     "src/backend/credential.rs",
     "src/backend/connect.rs",
-    "src/frontend/registry.rs",
+    "src/frontend/client_registry.rs",
     "src/frontend/login.rs",
 ];
 const SECRET_WORDS: &[&str] = &[

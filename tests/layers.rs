@@ -91,3 +91,27 @@ fn modules_depend_on_lower_layers_only() {
         upward.join("\n")
     );
 }
+
+/// No two source files share a name in different folders (`mod.rs` and
+/// `error.rs`, each layer's own error types, aside):
+/// a name says which side it is on (`client_stream.rs`, `server_stream.rs`),
+/// so a newcomer never has to ask which `stream.rs` is meant.
+#[test]
+fn source_file_names_are_unique() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut sources = Vec::new();
+    files(&src, &mut sources);
+    let mut seen = std::collections::BTreeMap::new();
+    let mut twice = Vec::new();
+    for file in sources {
+        let name = file.file_name().unwrap().to_string_lossy().into_owned();
+        if name == "mod.rs" || name == "error.rs" {
+            continue;
+        }
+        let shown = file.strip_prefix(&src).unwrap().display().to_string();
+        if let Some(first) = seen.insert(name, shown.clone()) {
+            twice.push(format!("{first} and {shown}"));
+        }
+    }
+    assert!(twice.is_empty(), "file names used twice: {twice:?}");
+}

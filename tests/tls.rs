@@ -229,7 +229,7 @@ async fn a_libpq_style_client_gets_every_large_result_over_tls_in_session_mode()
         // (checked too because a larger record hangs libpq only when it
         // happens to end a result).
         assert!(
-            client.largest_record <= usher::tls::accept::MAX_RECORD_PLAINTEXT,
+            client.largest_record <= usher::tls::client_tls::MAX_RECORD_PLAINTEXT,
             "a TLS record carried {} bytes",
             client.largest_record
         );

@@ -7,8 +7,8 @@
 
 use super::Reply;
 use crate::backend::ServerSummary;
+use crate::frontend::client_registry::{ClientHandle, ClientState};
 use crate::frontend::deps::SessionDeps;
-use crate::frontend::registry::{ClientHandle, ClientState};
 use crate::hooks::builtin::timestamp;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 

@@ -10,10 +10,10 @@ pub(crate) mod operations;
 mod stats;
 
 use crate::config::ConfigError;
+use crate::frontend::client_registry::Registration;
+use crate::frontend::client_stream::ClientStream;
 use crate::frontend::close_with_error;
 use crate::frontend::deps::{SessionDeps, ShutdownMode};
-use crate::frontend::registry::Registration;
-use crate::frontend::stream::ClientStream;
 use crate::hooks::builtin::{AuthMonitor, Table};
 use crate::hooks::lua::LoadError;
 use crate::protocol::error::{shown, sqlstate};

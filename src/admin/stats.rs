@@ -9,8 +9,8 @@
 use super::Reply;
 use crate::config::settings::{Reload, SettingDefault, SETTINGS};
 use crate::config::Config;
+use crate::frontend::client_registry::ClientState;
 use crate::frontend::deps::SessionDeps;
-use crate::frontend::registry::ClientState;
 use crate::pool::Pool;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering::Relaxed;

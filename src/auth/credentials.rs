@@ -4,7 +4,7 @@
 //! without a password (e.g. only to set its pool size) still gets its secret
 //! from the file or the query.
 
-use super::query::AuthQuery;
+use super::auth_query::AuthQuery;
 use super::{userlist, Secret};
 use crate::config::{Config, ConfigError};
 use crate::protocol::PgError;

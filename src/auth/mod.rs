@@ -11,10 +11,10 @@
 //! - [`secret`], [`attempt`]: stored secrets; the record of an outcome.
 
 pub(crate) mod attempt;
+pub(crate) mod auth_query;
 pub(crate) mod cert;
 pub(crate) mod credentials;
 pub mod hba;
-pub(crate) mod query;
 pub mod secret;
 pub mod userlist;
 

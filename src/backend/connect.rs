@@ -2,7 +2,7 @@
 
 use super::credential::{ServerCredential, SharedCredential};
 use super::error::{ConnectError, WireError};
-use super::{read_backend_message, server_error, stream, CancelTarget, ServerConn};
+use super::{read_backend_message, server_error, server_stream, CancelTarget, ServerConn};
 use crate::protocol::scram_client::ScramClient;
 use crate::tls::ServerTls;
 use bytes::BytesMut;
@@ -66,7 +66,7 @@ pub async fn connect(target: &ServerTarget, timeout: Duration) -> Result<ServerC
 }
 
 async fn connect_inner(target: &ServerTarget) -> Result<ServerConn, ConnectError> {
-    let mut stream = stream::open(&target.host, target.port, &target.tls).await?;
+    let mut stream = server_stream::open(&target.host, target.port, &target.tls).await?;
     let mut out = BytesMut::new();
     frontend::startup_message(
         [

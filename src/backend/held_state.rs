@@ -72,7 +72,8 @@ impl ServerConn {
                 }
                 Message::ParameterStatus(body) => {
                     if let (Ok(name), Ok(value)) = (body.name(), body.value()) {
-                        self.params.insert(name.to_string(), value.to_string());
+                        self.params_mut()
+                            .insert(name.to_string(), value.to_string());
                     }
                 }
                 Message::NotificationResponse(n) => {

@@ -13,14 +13,14 @@ mod connect;
 pub(crate) mod credential;
 pub mod error;
 mod held_state;
+pub(crate) mod server_stream;
 mod session_settings;
-pub(crate) mod stream;
 
 pub use connect::{connect, ServerTarget};
 pub use credential::{ServerCredential, SharedCredential};
 pub use error::{ConnectError, QueryError, ServerError, TlsStep, WireError};
 pub use held_state::HeldState;
-pub use stream::ServerStream;
+pub use server_stream::ServerStream;
 
 use crate::protocol::tags::field;
 use bytes::BytesMut;
@@ -40,6 +40,13 @@ static NEXT_SERVER_ID: AtomicU64 = AtomicU64::new(1);
 /// Ids of usher's named statements a server connection holds, least
 /// recently used first.
 pub type PreparedSet = lru::LruCache<u64, ()>;
+
+/// What a server connection's parameters were brought in line with: a
+/// digest of a session's wanted parameters and its pool's defaults
+/// (frontend::params computes it), so sessions that want the same share
+/// it. A collision-resistant digest: equal means equal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParamsFingerprint(pub [u8; 16]);
 
 /// One session setting to apply to a server connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,6 +112,10 @@ pub struct ServerConn {
     /// Parameters as the server last reported them, and the settings
     /// usher applied of parameters it does not report.
     params: HashMap<String, String>,
+    /// The session parameters (a fingerprint of them, see
+    /// frontend::params) `params` was last brought in line with; cleared
+    /// whenever `params` changes, so a match means nothing needs setting.
+    in_line_with: Option<ParamsFingerprint>,
     created: Instant,
     last_used: Instant,
     /// Ids of usher's named statements prepared here, least recently used
@@ -137,6 +148,7 @@ impl ServerConn {
             summary,
             generation: 0,
             params,
+            in_line_with: None,
             created: now,
             last_used: now,
             prepared: lru::LruCache::unbounded(),
@@ -186,20 +198,39 @@ impl ServerConn {
         &self.params
     }
 
+    /// The parameters, to change: whatever they were in line with is
+    /// forgotten.
+    fn params_mut(&mut self) -> &mut HashMap<String, String> {
+        self.in_line_with = None;
+        &mut self.params
+    }
+
     /// A ParameterStatus from the server, or a setting usher applied.
     pub fn set_param(&mut self, name: String, value: String) {
-        self.params.insert(name, value);
+        self.params_mut().insert(name, value);
     }
 
     /// Keeps only the parameters `keep` says yes to.
     pub fn retain_params(&mut self, keep: impl FnMut(&String, &mut String) -> bool) {
-        self.params.retain(keep);
+        self.params_mut().retain(keep);
     }
 
     /// DISCARD ALL ran: the settings of parameters the server does not
     /// report (those not in `reported`) are back to their defaults.
     pub fn forget_unreported(&mut self, reported: &HashMap<String, String>) {
-        self.params.retain(|k, _| reported.contains_key(k));
+        self.params_mut().retain(|k, _| reported.contains_key(k));
+    }
+
+    /// The session parameters `params` is in line with, if it has not
+    /// changed since it was found to be.
+    pub fn in_line_with(&self) -> Option<&ParamsFingerprint> {
+        self.in_line_with.as_ref()
+    }
+
+    /// `params` is in line with the session parameters `fingerprint`
+    /// stands for (until it next changes).
+    pub fn mark_in_line(&mut self, fingerprint: ParamsFingerprint) {
+        self.in_line_with = Some(fingerprint);
     }
 
     /// usher's statements prepared here.
@@ -360,7 +391,8 @@ impl ServerConn {
                 }
                 Message::ParameterStatus(body) => {
                     if let (Ok(name), Ok(value)) = (body.name(), body.value()) {
-                        self.params.insert(name.to_string(), value.to_string());
+                        self.params_mut()
+                            .insert(name.to_string(), value.to_string());
                     }
                 }
                 Message::NoticeResponse(body) => {

@@ -5,9 +5,9 @@
 //! a session never sees `App`.
 
 use super::budget::BufferBudget;
+use super::client_registry::ClientRegistry;
+use super::login_slots::LoginSlots;
 use super::prepared::StatementRegistry;
-use super::registry::ClientRegistry;
-use super::slots::LoginSlots;
 use crate::auth::hba::Hba;
 use crate::auth::{AuthAttempt, Credentials};
 use crate::config::{Config, ConfigError, HbaMethod};

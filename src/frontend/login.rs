@@ -8,13 +8,13 @@
 //! of them per address, see [`super::slots`]). Every outcome is recorded as an
 //! [`AuthAttempt`].
 
+use super::client_registry::{ClientFacts, Connected, Registration};
+use super::client_stream::ClientStream;
 use super::close_with_error;
 use super::deps::{ConfigSnapshot, SessionDeps};
+use super::login_slots::NoSlot;
 use super::params::SessionParams;
-use super::registry::{ClientFacts, Connected, Registration};
 use super::session::Session;
-use super::slots::NoSlot;
-use super::stream::ClientStream;
 use crate::auth::hba::{Connection, Decision};
 use crate::auth::{self, AuthAttempt, AuthOutcome, Authenticated, Challenge, Secret};
 use crate::backend::ServerCredential;
@@ -502,6 +502,7 @@ async fn welcome(
             }
             params.after_sync(&mut checkout.conn, &defaults);
         }
+        params.mark_in_line(&mut checkout.conn, &defaults);
         if out.len() == before {
             // Nothing to say about these values: later logins may skip
             // the server.

@@ -14,16 +14,16 @@
 
 mod abandon;
 pub(crate) mod budget;
+pub(crate) mod client_registry;
+pub(crate) mod client_stream;
 pub mod deps;
 pub(crate) mod flow;
 pub(crate) mod login;
+pub(crate) mod login_slots;
 pub(crate) mod params;
 pub mod prepared;
-pub(crate) mod registry;
 pub(crate) mod session;
-pub(crate) mod slots;
 pub mod sql_scan;
-pub(crate) mod stream;
 
 use crate::metrics::ErrorSource;
 use crate::protocol::{PgError, Severity};

@@ -2,7 +2,7 @@
 //! SETs the server reported back), so that every server connection the
 //! session uses is brought in line with it before it runs anything.
 
-use crate::backend::{ServerConn, Setting};
+use crate::backend::{ParamsFingerprint, ServerConn, Setting};
 use crate::protocol::PgError;
 use std::collections::HashMap;
 
@@ -51,6 +51,9 @@ pub struct SessionParams {
     /// layer alone (no hook or client values): most sessions, which then
     /// keep one map instead of two.
     wanted: Option<Layer>,
+    /// The fingerprint of the merged view (and the pool's defaults), made
+    /// when first needed after it changed.
+    fingerprint: Option<ParamsFingerprint>,
 }
 
 impl SessionParams {
@@ -80,6 +83,7 @@ impl SessionParams {
     }
 
     fn rebuild(&mut self) {
+        self.fingerprint = None;
         if self.hook.is_empty() && self.client.is_empty() {
             self.wanted = None;
             return;
@@ -126,6 +130,7 @@ impl SessionParams {
             return;
         }
         self.client.insert(name.to_string(), value.to_string());
+        self.fingerprint = None;
         match self.wanted.as_mut() {
             Some(wanted) => {
                 wanted.insert(name.to_string(), value.to_string());
@@ -149,11 +154,65 @@ impl SessionParams {
     /// already does). `defaults` are the pool's server defaults (the
     /// reported parameters): another session's value for a parameter this
     /// session does not set goes back to the default.
+    ///
+    /// A connection last found in line with the same wanted parameters
+    /// (this session's, or another's that wanted the same) and unchanged
+    /// since needs nothing, and that costs a comparison: the common case
+    /// of a transaction-mode checkout (see `mark_in_line`).
     pub fn sync_settings(
-        &self,
+        &mut self,
         conn: &ServerConn,
         defaults: &HashMap<String, String>,
     ) -> Vec<Setting> {
+        if conn.in_line_with() == Some(&self.fingerprint(defaults)) {
+            return Vec::new();
+        }
+        self.differences(conn, defaults)
+    }
+
+    /// After a sync (or none was needed): if `conn` now needs nothing, it
+    /// is marked in line with this session's wanted parameters, so the
+    /// next checkout of it by a session wanting the same skips the
+    /// comparison.
+    pub fn mark_in_line(&mut self, conn: &mut ServerConn, defaults: &HashMap<String, String>) {
+        let fingerprint = self.fingerprint(defaults);
+        if conn.in_line_with() != Some(&fingerprint) && self.differences(conn, defaults).is_empty()
+        {
+            conn.mark_in_line(fingerprint);
+        }
+    }
+
+    /// A digest of `wanted` and the pool's `defaults` (a session's
+    /// defaults never change): SHA-256 of both, sorted, each name and
+    /// value length-prefixed, cut to 128 bits.
+    fn fingerprint(&mut self, defaults: &HashMap<String, String>) -> ParamsFingerprint {
+        if let Some(f) = self.fingerprint {
+            return f;
+        }
+        use sha2::{Digest, Sha256};
+        let mut hash = Sha256::new();
+        let wanted: Vec<_> = self.merged().iter().collect();
+        for mut entries in [wanted, defaults.iter().collect()] {
+            entries.sort();
+            hash.update((entries.len() as u64).to_be_bytes());
+            for (name, value) in entries {
+                for part in [name, value] {
+                    hash.update((part.len() as u64).to_be_bytes());
+                    hash.update(part.as_bytes());
+                }
+            }
+        }
+        let digest = hash.finalize();
+        let mut out = [0u8; 16];
+        out.copy_from_slice(&digest[..16]);
+        let f = ParamsFingerprint(out);
+        self.fingerprint = Some(f);
+        f
+    }
+
+    /// The settings that make `conn` match this session, compared name by
+    /// name.
+    fn differences(&self, conn: &ServerConn, defaults: &HashMap<String, String>) -> Vec<Setting> {
         let mut settings: Vec<Setting> = self
             .merged()
             .iter()
@@ -196,6 +255,7 @@ impl SessionParams {
             if defaults.contains_key(name) {
                 if let Some(now) = conn.params().get(name) {
                     if now != value {
+                        self.fingerprint = None;
                         *value = now.clone();
                         changed.push((name.clone(), now.clone()));
                     }
@@ -273,6 +333,7 @@ impl SessionParams {
         let layered = self.wanted.is_some();
         let wanted = self.wanted.as_mut().unwrap_or(&mut self.startup);
         if let Some(v) = wanted.get_mut(name) {
+            self.fingerprint = None;
             *v = value.clone();
             if layered {
                 respell(

@@ -14,14 +14,14 @@
 
 use super::abandon::{self, Abandoned};
 use super::budget;
+use super::client_registry::{ClientHandle, Registration};
+use super::client_stream::ClientStream;
 use super::close_with_error;
 use super::deps::SessionDeps;
 use super::flow::{self, ClientStep, Flow, Note, PinStep, ServerStep};
 use super::params::SessionParams;
 use super::prepared::{self, ClientStatements, Rewriter};
-use super::registry::{ClientHandle, Registration};
 use super::sql_scan::PinKinds;
-use super::stream::ClientStream;
 use crate::backend::HeldState;
 use crate::config::{Pinning, PoolMode};
 use crate::hooks::{ClientInfo, Event, ServerInfo, SessionCtx, SessionEndCtx, SessionReason, Vars};
@@ -89,7 +89,7 @@ pub struct Session {
 }
 
 /// What counts a client as connected (the registry's count, the gauge).
-pub(crate) type Counted = (super::registry::Connected, crate::metrics::ClientConnected);
+pub(crate) type Counted = (super::client_registry::Connected, crate::metrics::ClientConnected);
 
 /// Why the serve loop ended.
 enum LoopEnd {
@@ -675,6 +675,7 @@ impl Session {
             let changed = self.params.after_sync(&mut checkout.conn, &self.defaults);
             report_parameters(client, changed).await?;
         }
+        self.params.mark_in_line(&mut checkout.conn, &self.defaults);
         for sql in exec {
             if let Err(e) = checkout.conn.simple_query(&sql).await {
                 let w = PgError::warning(format!("session_start statement failed: {e}"))
@@ -1121,6 +1122,7 @@ impl Session {
             let changed = self.params.after_sync(conn, &self.defaults);
             report_parameters(client, changed).await?;
         }
+        self.params.mark_in_line(conn, &self.defaults);
         self.handle
             .set_server(Some(checkout.conn.summary().clone()));
         Ok(checkout)

@@ -20,15 +20,15 @@
 //! move keeps its server connection; at most `max_pinned` such clients per
 //! pool (0: no cap), counted in `PoolStats::pinned` and a gauge.
 
+mod pool_stats;
 mod registry;
 mod slots;
-mod stats;
 
+pub use pool_stats::PoolStats;
 pub use registry::Pools;
-pub use stats::PoolStats;
 
+use pool_stats::Waiting;
 use slots::{Lease, NoSlot, Pooled, Slot, Slots};
-use stats::Waiting;
 
 use crate::backend::{self, ConnectError, ServerConn, ServerTarget};
 use crate::config::{PoolLimits, PoolMode};
@@ -62,7 +62,7 @@ pub struct Pool {
     /// transaction-mode login whose every parameter is known here needs no
     /// server connection to tell the client the server's values.
     normalised: Mutex<HashMap<(String, String), String>>,
-    /// Shared with the checkouts, which count themselves (see [`stats::Lent`]).
+    /// Shared with the checkouts, which count themselves (see [`pool_stats::Lent`]).
     pub stats: Arc<PoolStats>,
     /// Told when a pin slot is given back.
     pin_freed: Arc<Notify>,

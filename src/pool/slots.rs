@@ -11,7 +11,7 @@
 //! The decisions that depend on a connection's age take `now` from the
 //! caller (the pool passes `Instant::now()`), so tests state the time.
 
-use super::stats::{Lent, PoolStats, Waiting};
+use super::pool_stats::{Lent, PoolStats, Waiting};
 use crate::config::PoolLimits;
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;

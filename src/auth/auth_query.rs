@@ -6,7 +6,7 @@
 //! same connection answers `+role` membership questions for HBA rules.
 
 use super::Secret;
-use crate::backend::stream;
+use crate::backend::server_stream;
 use crate::config::Config;
 use crate::protocol::error::sqlstate;
 use crate::protocol::PgError;
@@ -210,7 +210,7 @@ impl AuthQuery {
     async fn connect(&self, target: &Target) -> Result<Arc<tokio_postgres::Client>, PgError> {
         // The server could not be reached: the client is told why, as a
         // server login would tell it (never a server's refusal here).
-        let stream = stream::open(&target.host, target.port, &target.tls)
+        let stream = server_stream::open(&target.host, target.port, &target.tls)
             .await
             .map_err(|e| PgError::fatal(e.sqlstate(), e.to_string()))?;
         let mut config = tokio_postgres::Config::new();

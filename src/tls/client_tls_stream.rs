@@ -29,7 +29,7 @@ use tokio::net::TcpStream;
 const READ_SIZE: usize = 16 * 1024 + 512;
 
 /// Server-side TLS over a TCP stream; see the module documentation.
-pub struct LeanTls {
+pub struct ClientTlsStream {
     tcp: TcpStream,
     conn: UnbufferedServerConnection,
     /// TLS bytes read and not yet processed (a partial record at most,
@@ -49,9 +49,9 @@ pub struct LeanTls {
     closed: bool,
 }
 
-impl std::fmt::Debug for LeanTls {
+impl std::fmt::Debug for ClientTlsStream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LeanTls")
+        f.debug_struct("ClientTlsStream")
             .field("tcp", &self.tcp)
             .field("incoming", &self.incoming.len())
             .field("plaintext", &self.plaintext.len())
@@ -60,7 +60,7 @@ impl std::fmt::Debug for LeanTls {
     }
 }
 
-/// What [`LeanTls::drive`] does once application data may be written.
+/// What [`ClientTlsStream::drive`] does once application data may be written.
 #[derive(Clone, Copy)]
 enum Then<'a> {
     Nothing,
@@ -86,11 +86,11 @@ fn tls_error(e: rustls::Error) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, e)
 }
 
-impl LeanTls {
+impl ClientTlsStream {
     /// Runs the handshake on `tcp` (after usher answered `S`).
-    pub async fn accept(tcp: TcpStream, config: Arc<ServerConfig>) -> io::Result<LeanTls> {
+    pub async fn accept(tcp: TcpStream, config: Arc<ServerConfig>) -> io::Result<ClientTlsStream> {
         let conn = UnbufferedServerConnection::new(config).map_err(tls_error)?;
-        let mut tls = LeanTls {
+        let mut tls = ClientTlsStream {
             tcp,
             conn,
             incoming: BytesMut::new(),
@@ -281,7 +281,7 @@ impl LeanTls {
     }
 }
 
-impl AsyncRead for LeanTls {
+impl AsyncRead for ClientTlsStream {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -322,7 +322,7 @@ impl AsyncRead for LeanTls {
     }
 }
 
-impl AsyncWrite for LeanTls {
+impl AsyncWrite for ClientTlsStream {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,

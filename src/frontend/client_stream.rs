@@ -1,10 +1,10 @@
 //! A client's connection: plain TCP, or TLS after an SSLRequest.
 //!
 //! Writes on either kind return once the bytes are on the socket (see
-//! [`crate::tls::LeanTls`]), and [`ClientStream::readable`] waits for
+//! [`crate::tls::ClientTlsStream`]), and [`ClientStream::readable`] waits for
 //! input without taking a buffer, so the serve loop treats both alike.
 
-use crate::tls::LeanTls;
+use crate::tls::ClientTlsStream;
 use rustls_pki_types::CertificateDer;
 use std::io;
 use std::pin::Pin;
@@ -18,7 +18,7 @@ use tokio_rustls::TlsAcceptor;
 pub enum ClientStream {
     Plain(TcpStream),
     /// Boxed: rustls' state is large, and most clients are plain.
-    Tls(Box<LeanTls>),
+    Tls(Box<ClientTlsStream>),
     /// What is left after a TLS handshake failed: every operation fails.
     Closed,
 }
@@ -44,7 +44,7 @@ impl ClientStream {
         let ClientStream::Plain(tcp) = std::mem::replace(self, ClientStream::Closed) else {
             return Err(io::Error::other("TLS can only start on a plain connection"));
         };
-        let tls = LeanTls::accept(tcp, acceptor.config().clone()).await?;
+        let tls = ClientTlsStream::accept(tcp, acceptor.config().clone()).await?;
         *self = ClientStream::Tls(Box::new(tls));
         Ok(())
     }

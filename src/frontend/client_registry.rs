@@ -190,7 +190,7 @@ fn unix_us(t: SystemTime) -> u64 {
 /// share one).
 #[derive(Debug, Default)]
 pub struct ClientRegistry {
-    by_pid: DashMap<u32, Vec<Arc<ClientHandle>>>,
+    by_pid: DashMap<u32, Listed>,
     count: AtomicUsize,
     next_id: AtomicU64,
 }
@@ -200,6 +200,45 @@ pub struct ClientRegistry {
 pub struct Registration {
     registry: Arc<ClientRegistry>,
     pub handle: Arc<ClientHandle>,
+}
+
+/// The clients told one pid: nearly always one, kept without a list of its
+/// own (every idle client has an entry).
+#[derive(Debug)]
+enum Listed {
+    One(Arc<ClientHandle>),
+    Many(Vec<Arc<ClientHandle>>),
+}
+
+impl Listed {
+    fn iter(&self) -> std::slice::Iter<'_, Arc<ClientHandle>> {
+        match self {
+            Listed::One(h) => std::slice::from_ref(h).iter(),
+            Listed::Many(v) => v.iter(),
+        }
+    }
+
+    fn push(&mut self, handle: Arc<ClientHandle>) {
+        match self {
+            Listed::One(first) => *self = Listed::Many(vec![first.clone(), handle]),
+            Listed::Many(v) => v.push(handle),
+        }
+    }
+
+    /// True if `handle` is the only one.
+    fn is_only(&self, handle: &Arc<ClientHandle>) -> bool {
+        matches!(self, Listed::One(h) if Arc::ptr_eq(h, handle))
+    }
+
+    /// Takes `handle` out of a list of several.
+    fn remove(&mut self, handle: &Arc<ClientHandle>) {
+        if let Listed::Many(v) = self {
+            v.retain(|h| !Arc::ptr_eq(h, handle));
+            if v.len() == 1 {
+                *self = Listed::One(v[0].clone());
+            }
+        }
+    }
 }
 
 impl Drop for Registration {
@@ -214,11 +253,12 @@ impl Registration {
     pub fn tell_pid(&self, pid: u32) {
         self.registry.unlist(&self.handle);
         self.handle.pid.store(pid, Ordering::Relaxed);
-        self.registry
-            .by_pid
-            .entry(pid)
-            .or_default()
-            .push(self.handle.clone());
+        match self.registry.by_pid.entry(pid) {
+            dashmap::Entry::Occupied(mut o) => o.get_mut().push(self.handle.clone()),
+            dashmap::Entry::Vacant(v) => {
+                v.insert(Listed::One(self.handle.clone()));
+            }
+        }
     }
 }
 
@@ -264,7 +304,7 @@ impl ClientRegistry {
                     serving: Mutex::new(None),
                     kill: KillSwitch::default(),
                 });
-                v.insert(vec![handle.clone()]);
+                v.insert(Listed::One(handle.clone()));
                 return Registration {
                     registry: self.clone(),
                     handle,
@@ -296,16 +336,21 @@ impl ClientRegistry {
     /// Takes a client out of its pid's entry.
     fn unlist(&self, handle: &Arc<ClientHandle>) {
         let pid = handle.pid();
-        if let Some(mut same) = self.by_pid.get_mut(&pid) {
-            same.retain(|h| !Arc::ptr_eq(h, handle));
+        if self
+            .by_pid
+            .remove_if(&pid, |_, same| same.is_only(handle))
+            .is_none()
+        {
+            if let Some(mut same) = self.by_pid.get_mut(&pid) {
+                same.remove(handle);
+            }
         }
-        self.by_pid.remove_if(&pid, |_, same| same.is_empty());
     }
 
     /// Wakes every client's task ([`ClientHandle::poke`]).
     pub fn poke_all(&self) {
         for entry in self.by_pid.iter() {
-            for handle in entry.value() {
+            for handle in entry.value().iter() {
                 handle.poke();
             }
         }
@@ -313,7 +358,11 @@ impl ClientRegistry {
 
     /// Every logged-in client, by id.
     pub fn all(&self) -> Vec<Arc<ClientHandle>> {
-        let mut all: Vec<_> = self.by_pid.iter().flat_map(|e| e.value().clone()).collect();
+        let mut all: Vec<_> = self
+            .by_pid
+            .iter()
+            .flat_map(|e| e.value().iter().cloned().collect::<Vec<_>>())
+            .collect();
         all.sort_by_key(|h| h.id);
         all
     }

@@ -916,6 +916,9 @@ mod tests {
         assert!(!h.flow.at_rest(), "an answer is owed");
         h.server(&cat(&[complete("SELECT 1"), ready(status::IDLE)]));
         assert_eq!(h.flow.take_queries(), 1);
+        // As the serve loop does when the connection goes back.
+        assert!(h.flow.transaction_end() == PinStep::Release);
+        h.flow.released();
         assert!(h.flow.at_rest());
         h.client(&msg(frontend::QUERY, b"begin\0"));
         h.server(&cat(&[complete("BEGIN"), ready(status::IN_TRANSACTION)]));
@@ -930,6 +933,8 @@ mod tests {
         h.flow.take_queries();
         assert!(!h.flow.at_rest(), "settings to settle");
         h.flow.settled();
+        assert!(h.flow.transaction_end() == PinStep::Release);
+        h.flow.released();
         assert!(h.flow.at_rest());
     }
 

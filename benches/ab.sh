@@ -28,32 +28,12 @@ mkdir -p "$work/no-hooks"
 A_PORT=$(free_port)
 B_PORT=$(free_port)
 start_usher a "$A_PORT" "hooks: { dir: $work/no-hooks }" "$USHER_A"
-A_PID=$!
+A_PID=$USHER_PID
 start_usher b "$B_PORT" "hooks: { dir: $work/no-hooks }" "$USHER_B"
-B_PID=$!
+B_PID=$USHER_PID
 
 export PGPASSWORD=bench-pw
 pgbench -i -q -s 10 -h 127.0.0.1 -p "$PGPORT" -U bench bench >/dev/null 2>&1
-TICK=$(getconf CLK_TCK)
-
-cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
-
-# run PORT PID MODE CLIENTS: prints "tps cpu_us_per_txn" (cpu 0 for direct).
-run() {
-  local jobs=$JOBS before after out txns tps
-  [ "$3" = prepared ] && jobs=$4
-  [ "$jobs" -gt "$4" ] && jobs=$4
-  before=0; [ "$2" != 0 ] && before=$(cpu_ticks "$2")
-  out=$(pgbench -S -n -M "$3" -c "$4" -j "$jobs" -T "$DURATION" -h 127.0.0.1 -p "$1" -U bench bench 2>/dev/null)
-  after=0; [ "$2" != 0 ] && after=$(cpu_ticks "$2")
-  txns=$(awk '/actually processed/ { print $NF }' <<<"$out")
-  tps=$(awk '/^tps = / { printf "%.0f", $3 }' <<<"$out")
-  awk -v t="$tps" -v n="$txns" -v d="$((after - before))" -v k="$TICK" \
-    'BEGIN { printf "%s %.1f\n", t, (n > 0 ? d * 1e6 / k / n : 0) }'
-}
-
-median() { sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
-
 echo
 printf '%-9s %7s | %8s | %8s %8s %6s | %9s %9s\n' mode clients direct "A tps" "B tps" "B/A" "A us/txn" "B us/txn"
 for mode in $MODES; do

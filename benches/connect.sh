@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# The cost of hooks on connecting: pgbench -C -S (a new connection per
-# transaction) through usher with hooks switched off, and with one trivial
-# client_connection + session_start hook, in one run, alternating rounds.
-# Target (issue 5): with hooks off, no measurable difference in connection
-# rate; the trivial hook within a few percent.
+# The cost of a login: pgbench -C -S (a new connection per transaction)
+# through usher with hooks switched off, usher with one trivial
+# client_connection + session_start hook, and PgBouncer (Debian's package,
+# installed when missing), in one run: interleaved rounds, medians of
+# connections per second and of each pooler's CPU per login (user + system
+# from /proc/PID/stat over the connections pgbench made; each login also
+# runs one SELECT). Every pooler checks the same SCRAM verifier and runs
+# in transaction mode with the same pool size.
 #
 #   benches/connect.sh            # 3 rounds of 10 s each per variant
 #   ROUNDS=5 DURATION=20 benches/connect.sh
@@ -21,23 +24,41 @@ cat >"$work/trivial/10-trivial.lua" <<'LUA'
 function client_connection(ctx) end
 function session_start(ctx) ctx:set("application_name", "bench") end
 LUA
-OFF_PORT=$(free_port)
-ON_PORT=$(free_port)
-start_usher off "$OFF_PORT" "hooks: { enabled: false, dir: $work/trivial }"
-start_usher on "$ON_PORT" "hooks: { dir: $work/trivial }"
-
 export PGPASSWORD=bench-pw
 pgbench -i -q -s 1 -h 127.0.0.1 -p "$PGPORT" -U bench bench >/dev/null 2>&1
-tps() {
-  pgbench -C -S -n -c "$CLIENTS" -j 2 -T "$DURATION" -h 127.0.0.1 -p "$1" -U bench bench 2>/dev/null |
-    awk '/^tps = / { printf "%.0f", $3 }'
-}
+OFF_PORT=$(free_port)
+ON_PORT=$(free_port)
+PGB_PORT=$(free_port)
+secret=$(scram_verifier bench)
+USHER_SECRET=$secret start_usher off "$OFF_PORT" "hooks: { enabled: false, dir: $work/trivial }"
+OFF_PID=$USHER_PID
+USHER_SECRET=$secret start_usher on "$ON_PORT" "hooks: { dir: $work/trivial }"
+ON_PID=$USHER_PID
+start_pgbouncer "$PGB_PORT"
+
 echo
-echo "pgbench -C -S, $CLIENTS clients, ${DURATION}s x $ROUNDS rounds per variant; machine: $(nproc) cores"
-off_sum=0; on_sum=0
+echo "pgbench -C -S, $CLIENTS clients, ${DURATION}s x $ROUNDS interleaved rounds per variant, medians; machine: $(nproc) cores"
+: >"$work/off"; : >"$work/on"; : >"$work/pgb"
 for r in $(seq "$ROUNDS"); do
-  off=$(tps "$OFF_PORT"); on=$(tps "$ON_PORT")
-  echo "round $r: hooks off $off tps, trivial hook $on tps"
-  off_sum=$((off_sum + off)); on_sum=$((on_sum + on))
+  case $((r % 3)) in
+    1) order="off on pgb" ;; 2) order="on pgb off" ;; *) order="pgb off on" ;;
+  esac
+  for who in $order; do
+    case $who in
+      off) run "$OFF_PORT" "$OFF_PID" simple "$CLIENTS" -C >>"$work/off" ;;
+      on) run "$ON_PORT" "$ON_PID" simple "$CLIENTS" -C >>"$work/on" ;;
+      pgb) run "$PGB_PORT" "$PGB_PID" simple "$CLIENTS" -C >>"$work/pgb" ;;
+    esac
+  done
 done
-awk -v a="$off_sum" -v b="$on_sum" -v n="$ROUNDS" 'BEGIN { printf "mean: hooks off %.0f, trivial hook %.0f connections/s; ratio %.3f\n", a/n, b/n, b/a }'
+printf '| %-22s | %13s | %14s |\n' variant "connections/s" "CPU per login"
+printf '|------------------------|---------------|----------------|\n'
+for who in off on pgb; do
+  case $who in off) name="usher, hooks off" ;; on) name="usher, trivial hook" ;; pgb) name="PgBouncer" ;; esac
+  t=$(cut -d' ' -f1 "$work/$who" | median); c=$(cut -d' ' -f2 "$work/$who" | median)
+  printf '| %-22s | %13s | %11s µs |\n' "$name" "$t" "$c"
+  eval "${who}_t=$t; ${who}_c=$c"
+done
+awk -v a="$off_c" -v b="$on_c" -v p="$pgb_c" 'BEGIN {
+  printf "trivial hook / hooks off CPU per login: %.3f; usher (hooks off) / PgBouncer: %.2f\n", b / a, a / p
+}'

@@ -34,7 +34,8 @@ psql -X -q -h "$work" -p "$PGPORT" -U postgres -c "CREATE ROLE bench LOGIN PASSW
 
 # start_usher NAME PORT EXTRA_YAML [BINARY]: runs usher (this tree's release
 # build unless BINARY is given) in transaction mode in front of the
-# cluster; EXTRA_YAML is appended to its configuration.
+# cluster; EXTRA_YAML is appended to its configuration. USHER_SECRET (the
+# bench role's password unless set) is what usher checks clients against.
 start_usher() {
   cat >"$work/$1.yaml" <<YAML
 listen: 127.0.0.1:$2
@@ -43,12 +44,78 @@ pool_size: ${POOL_SIZE:-20}
 databases:
   bench: { host: 127.0.0.1, port: $PGPORT }
 users:
-  bench: { password: bench-pw }
+  bench: { password: '${USHER_SECRET:-bench-pw}' }
 log: { level: warn }
 $3
 YAML
   "${4:-target/release/usher}" --config "$work/$1.yaml" 2>"$work/$1.log" &
+  USHER_PID=$!
   usher_pids="$usher_pids $!"
   for _ in $(seq 100); do pg_isready -q -h 127.0.0.1 -p "$2" && return; sleep 0.1; done
   echo "usher ($1) did not start:" >&2; cat "$work/$1.log" >&2; exit 1
+}
+
+TICK=$(getconf CLK_TCK)
+# cpu_ticks PID: user + system CPU ticks of a process so far.
+cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+median() { sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+
+# run PORT PID MODE CLIENTS [pgbench args...]: one pgbench -S run of
+# DURATION seconds; prints "tps cpu_us_per_txn", the CPU (user + system)
+# the process PID (a pooler) used per transaction pgbench reports (0 when
+# PID is 0: PostgreSQL directly). Prepared mode runs a pgbench thread per
+# client (pgbench prepares synchronously; see tests/prepared.rs).
+run() {
+  local port=$1 pid=$2 mode=$3 clients=$4 jobs=${JOBS:-2} before=0 after=0 out txns tps
+  shift 4
+  [ "$mode" = prepared ] && jobs=$clients
+  [ "$jobs" -gt "$clients" ] && jobs=$clients
+  [ "$pid" != 0 ] && before=$(cpu_ticks "$pid")
+  out=$(pgbench -S -n -M "$mode" -c "$clients" -j "$jobs" -T "$DURATION" "$@" \
+    -h 127.0.0.1 -p "$port" -U bench bench 2>/dev/null) || true
+  [ "$pid" != 0 ] && after=$(cpu_ticks "$pid")
+  txns=$(awk '/actually processed/ { print $NF }' <<<"$out")
+  tps=$(awk '/^tps = / { printf "%.0f", $3 }' <<<"$out")
+  awk -v t="${tps:-0}" -v n="${txns:-0}" -v d="$((after - before))" -v k="$TICK" \
+    'BEGIN { printf "%s %.1f\n", t, (n > 0 ? d * 1e6 / k / n : 0) }'
+}
+
+# scram_verifier ROLE: the role's SCRAM verifier as pg_authid holds it, so
+# that every pooler checks clients against the same secret.
+scram_verifier() {
+  psql -X -At -h "$work" -p "$PGPORT" -U postgres -c "SELECT rolpassword FROM pg_authid WHERE rolname = '$1'"
+}
+
+# start_pgbouncer PORT: Debian's PgBouncer (installed when missing) in
+# transaction mode in front of the cluster, pool_size POOL_SIZE, checking
+# the bench role's SCRAM verifier; sets PGB_PID.
+start_pgbouncer() {
+  if ! command -v pgbouncer >/dev/null 2>&1 && [ ! -x /usr/sbin/pgbouncer ]; then
+    echo "installing pgbouncer..." >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q pgbouncer >/dev/null
+  fi
+  local bin
+  bin=$(command -v pgbouncer || echo /usr/sbin/pgbouncer)
+  mkdir -p "$work/pgbouncer"
+  printf '"bench" "%s"\n' "$(scram_verifier bench)" >"$work/pgbouncer/users.txt"
+  cat >"$work/pgbouncer/pgbouncer.ini" <<INI
+[databases]
+bench = host=127.0.0.1 port=$PGPORT dbname=bench
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $1
+unix_socket_dir =
+auth_type = scram-sha-256
+auth_file = $work/pgbouncer/users.txt
+pool_mode = transaction
+default_pool_size = ${POOL_SIZE:-20}
+max_client_conn = 10000
+logfile = $work/pgbouncer/pgbouncer.log
+pidfile = $work/pgbouncer/pgbouncer.pid
+INI
+  [ "$(id -u)" -eq 0 ] && chown -R postgres "$work/pgbouncer"
+  as_postgres "$bin" -d "$work/pgbouncer/pgbouncer.ini" >/dev/null
+  for _ in $(seq 100); do pg_isready -q -h 127.0.0.1 -p "$1" && break; sleep 0.1; done
+  PGB_PID=$(cat "$work/pgbouncer/pgbouncer.pid")
+  usher_pids="$usher_pids $PGB_PID"
 }

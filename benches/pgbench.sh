@@ -1,53 +1,72 @@
 #!/usr/bin/env bash
-# Side-by-side benchmark: pgbench -S against PostgreSQL directly and through
-# usher in transaction mode, in one run, for the simple, extended and
-# prepared query modes and 1, 10, 50 and 100 clients. Prints a table with
-# usher's throughput as a ratio of direct.
+# usher against PgBouncer, in one run: pgbench -S through PostgreSQL
+# directly, usher and PgBouncer (Debian's package, installed when missing),
+# both poolers in transaction mode with the same pool size and checking the
+# same SCRAM verifier, for the simple, extended and prepared protocols and
+# 1, 10, 50 and 100 clients. Rounds are interleaved (the order rotates) and
+# medians printed: tps, and each pooler's CPU per transaction (user +
+# system from /proc/PID/stat over the transactions pgbench reports), with
+# usher/PgBouncer ratios. On a small machine the pooler's CPU comes out of
+# PostgreSQL's and pgbench's share, so CPU per transaction decides tps.
 #
-#   benches/pgbench.sh            # 5 s per run (24 runs)
-#   DURATION=10 benches/pgbench.sh
+#   benches/pgbench.sh                       # 3 rounds of 5 s per point
+#   ROUNDS=5 DURATION=10 CLIENTS="10 50" MODES=simple benches/pgbench.sh
 #
-# Starts its own throwaway PostgreSQL and usher (release build) on free
-# ports and stops them at the end. pgbench prepares statements synchronously
-# in prepared mode, so that mode runs one pgbench thread per client (see
-# tests/prepared.rs); the other modes use up to JOBS threads.
+# PgBouncer 1.18 has no protocol-level prepared statements in transaction
+# mode: its prepared column is empty. Starts its own throwaway PostgreSQL,
+# usher (release build) and PgBouncer on free ports, stops them at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/pg-env.sh
 ensure_postgres_installed
 
 DURATION=${DURATION:-5}
+ROUNDS=${ROUNDS:-3}
 JOBS=${JOBS:-2}
 POOL_SIZE=${POOL_SIZE:-20}
 CLIENTS=${CLIENTS:-"1 10 50 100"}
 MODES=${MODES:-"simple extended prepared"}
 . benches/lib.sh
-USHER_PORT=$(free_port)
-mkdir -p "$work/no-hooks"
-start_usher usher "$USHER_PORT" "hooks: { dir: $work/no-hooks }"
 
 export PGPASSWORD=bench-pw
 pgbench -i -q -s 10 -h 127.0.0.1 -p "$PGPORT" -U bench bench >/dev/null 2>&1
-
-tps() { # port mode clients
-  local jobs=$JOBS
-  [ "$2" = prepared ] && jobs=$3
-  [ "$jobs" -gt "$3" ] && jobs=$3
-  pgbench -S -n -M "$2" -c "$3" -j "$jobs" -T "$DURATION" -h 127.0.0.1 -p "$1" -U bench bench 2>/dev/null |
-    awk '/^tps = / { printf "%.0f", $3 }'
-}
+USHER_PORT=$(free_port)
+PGB_PORT=$(free_port)
+mkdir -p "$work/no-hooks"
+USHER_SECRET=$(scram_verifier bench) start_usher usher "$USHER_PORT" "hooks: { dir: $work/no-hooks }"
+U_PID=$USHER_PID
+start_pgbouncer "$PGB_PORT"
 
 echo
-echo "pgbench -S, ${DURATION}s per run, scale 10, usher pool_size $POOL_SIZE (transaction mode)"
-echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr), PostgreSQL $("$BIN/postgres" --version | awk '{print $3}')"
+echo "pgbench -S, scale 10, ${DURATION}s x $ROUNDS interleaved rounds per point, medians; pool_size $POOL_SIZE, transaction mode"
+echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr), PostgreSQL $("$BIN/postgres" --version | awk '{print $3}'), $(pgbouncer --version 2>/dev/null | head -1 || /usr/sbin/pgbouncer --version | head -1)"
 echo
-printf "| %-8s | %7s | %12s | %12s | %6s |\n" mode clients "direct tps" "usher tps" ratio
-printf "|----------|---------|--------------|--------------|--------|\n"
+printf '| %-8s | %7s | %8s | %9s | %9s | %5s | %5s | %8s | %8s | %5s |\n' \
+  mode clients direct "usher" "pgbouncer" "u/d" "u/p" "usher µs" "pgb µs" "u/p"
+printf '|----------|---------|----------|-----------|-----------|-------|-------|----------|----------|-------|\n'
 for mode in $MODES; do
   for c in $CLIENTS; do
-    d=$(tps "$PGPORT" "$mode" "$c")
-    u=$(tps "$USHER_PORT" "$mode" "$c")
-    ratio=$(awk -v u="${u:-0}" -v d="${d:-0}" 'BEGIN { if (d > 0) printf "%.2f", u / d; else print "n/a" }')
-    printf "| %-8s | %7s | %12s | %12s | %6s |\n" "$mode" "$c" "${d:-fail}" "${u:-fail}" "$ratio"
+    : >"$work/d"; : >"$work/u"; : >"$work/p"
+    for r in $(seq "$ROUNDS"); do
+      case $((r % 3)) in
+        1) order="d u p" ;; 2) order="u p d" ;; *) order="p d u" ;;
+      esac
+      for who in $order; do
+        case $who in
+          d) run "$PGPORT" 0 "$mode" "$c" >>"$work/d" ;;
+          u) run "$USHER_PORT" "$U_PID" "$mode" "$c" >>"$work/u" ;;
+          p) [ "$mode" != prepared ] && run "$PGB_PORT" "$PGB_PID" "$mode" "$c" >>"$work/p" ;;
+        esac
+      done
+    done
+    d=$(cut -d' ' -f1 "$work/d" | median)
+    ut=$(cut -d' ' -f1 "$work/u" | median); uc=$(cut -d' ' -f2 "$work/u" | median)
+    pt=$(cut -d' ' -f1 "$work/p" | median); pc=$(cut -d' ' -f2 "$work/p" | median)
+    awk -v m="$mode" -v c="$c" -v d="$d" -v ut="$ut" -v uc="$uc" -v pt="$pt" -v pc="$pc" 'BEGIN {
+      ud = (d > 0) ? sprintf("%.2f", ut / d) : "-"
+      upt = (pt > 0) ? sprintf("%.2f", ut / pt) : "-"
+      upc = (pc > 0) ? sprintf("%.2f", uc / pc) : "-"
+      printf "| %-8s | %7s | %8s | %9s | %9s | %5s | %5s | %8s | %8s | %5s |\n", m, c, d, ut, (pt == "" ? "-" : pt), ud, upt, uc, (pc == "" ? "-" : pc), upc
+    }'
   done
 done

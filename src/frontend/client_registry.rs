@@ -41,14 +41,16 @@ impl ClientState {
 
 /// Facts about a client fixed at login (SHOW CLIENTS' columns).
 #[derive(Debug, Clone)]
+///
+/// Boxed strings (16 bytes each, not 24): every idle client keeps these.
 pub struct ClientFacts {
-    pub user: String,
-    pub database: String,
+    pub user: Box<str>,
+    pub database: Box<str>,
     pub addr: SocketAddr,
     pub local: Option<SocketAddr>,
-    pub application_name: String,
+    pub application_name: Box<str>,
     /// e.g. `TLSv1_3/TLS13_AES_256_GCM_SHA384`; empty without TLS.
-    pub tls: String,
+    pub tls: Box<str>,
 }
 
 /// What other tasks may need to know about one client, or tell it.
@@ -385,8 +387,8 @@ mod tests {
             database: "app".into(),
             addr: "127.0.0.1:5000".parse().unwrap(),
             local: None,
-            application_name: String::new(),
-            tls: String::new(),
+            application_name: "".into(),
+            tls: "".into(),
         }
     }
 

@@ -141,7 +141,7 @@ pub fn run(config: &Config, command: HooksCommand) -> ExitCode {
                     .into(),
                     addr: std::net::SocketAddr::new(addr, 50000),
                     tls: None,
-                    auth_method: config.auth.method.to_string(),
+                    auth_method: config.auth.method.as_str(),
                     pool_mode,
                 };
                 let mut vars = Vars::new();

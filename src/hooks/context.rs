@@ -81,7 +81,8 @@ pub struct ClientInfo {
     pub addr: SocketAddr,
     /// Boxed: most clients have none, and each idle client keeps this.
     pub tls: Option<Box<TlsInfo>>,
-    pub auth_method: String,
+    /// The method's name (`AuthMethod::as_str`).
+    pub auth_method: &'static str,
     pub pool_mode: PoolMode,
 }
 

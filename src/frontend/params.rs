@@ -228,7 +228,7 @@ impl SessionParams {
             conn.params()
                 .iter()
                 .filter(|(k, _)| !SERVER_SET.contains(&k.as_str()))
-                .filter(|(k, v)| !self.merged().contains_key(*k) && defaults.get(*k) != Some(*v))
+                .filter(|(k, v)| !self.merged().contains_key(k) && defaults.get(*k) != Some(*v))
                 .map(|(name, _)| Setting {
                     name: name.clone(),
                     value: None,

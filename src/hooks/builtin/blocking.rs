@@ -459,7 +459,7 @@ mod tests {
             startup: Default::default(),
             addr: format!("{addr}:5000").parse().unwrap(),
             tls: tls.then(Default::default),
-            auth_method: "scram-sha-256".into(),
+            auth_method: "scram-sha-256",
             pool_mode: PoolMode::Transaction,
         }
     }

@@ -20,7 +20,7 @@ fn client() -> ClientInfo {
         user: "alice".into(),
         database: "app".into(),
         application_name: "bench".into(),
-        startup: vec![("user".into(), "alice".into())],
+        startup: vec![("user".to_string(), "alice".to_string())].into(),
         addr: "127.0.0.1:5000".parse().unwrap(),
         tls: None,
         auth_method: "scram-sha-256".into(),

@@ -323,10 +323,9 @@ async fn serve_client(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
     } = admitted;
     match logged_in {
         LoggedIn::Session(session) => {
-            tokio::spawn(async move {
-                let _counted = counted;
-                session.serve(stream).await
-            });
+            // Nothing around the session's own future: it is what an idle
+            // client costs.
+            tokio::spawn(session.serve(stream, counted));
         }
         LoggedIn::Console(registration) => {
             let pooler: Arc<dyn Pooler> = app.clone();

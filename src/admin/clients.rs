@@ -81,7 +81,7 @@ fn client_row(c: &ClientHandle) -> Vec<Option<String>> {
         s(format!("c{}", c.id)),
         link,
         s(0),
-        Some(f.tls.clone()).filter(|t| !t.is_empty()),
+        Some(f.tls.to_string()).filter(|t| !t.is_empty()),
         s(&f.application_name),
         s(c.prepared()),
         s(c.id),

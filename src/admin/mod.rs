@@ -95,7 +95,7 @@ impl Console {
         stream: &mut ClientStream,
         registration: Registration,
     ) -> Result<Console, PgError> {
-        let user = registration.handle.facts.user.as_str();
+        let user = &*registration.handle.facts.user;
         let config = deps.config();
         let admin = &config.admin;
         let role = if admin.users.iter().any(|u| u == user) {

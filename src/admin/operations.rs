@@ -46,7 +46,7 @@ pub fn kill(deps: &SessionDeps, database: Option<&str>) -> Result<usize, PgError
     let pools = deps.pools.pause(database);
     let mut killed = 0;
     for client in deps.clients.all() {
-        let db = client.facts.database.as_str();
+        let db = &*client.facts.database;
         // The console's own clients are not a database's clients.
         if !crate::admin::is_admin_database(db) && database.is_none_or(|d| db == d) {
             client.kill();

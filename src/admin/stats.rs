@@ -149,7 +149,7 @@ pub(super) fn show_pools(deps: &SessionDeps) -> Reply {
     // Per pool: logged-in clients not waiting, and the longest current wait.
     let mut clients: HashMap<(String, String), (usize, u64)> = HashMap::new();
     for c in deps.clients.all() {
-        let key = (c.facts.database.clone(), c.facts.user.clone());
+        let key = (c.facts.database.to_string(), c.facts.user.to_string());
         let entry = clients.entry(key).or_default();
         if c.state() == ClientState::Waiting {
             entry.1 = entry.1.max(c.wait_us());

@@ -83,15 +83,22 @@ pub enum AuthMethod {
     Cert,
 }
 
-impl fmt::Display for AuthMethod {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+impl AuthMethod {
+    /// The name, as in the configuration.
+    pub fn as_str(self) -> &'static str {
+        match self {
             AuthMethod::Trust => "trust",
             AuthMethod::Password => "password",
             AuthMethod::Md5 => "md5",
             AuthMethod::ScramSha256 => "scram-sha-256",
             AuthMethod::Cert => "cert",
-        })
+        }
+    }
+}
+
+impl fmt::Display for AuthMethod {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

@@ -41,14 +41,16 @@ impl ClientState {
 
 /// Facts about a client fixed at login (SHOW CLIENTS' columns).
 #[derive(Debug, Clone)]
+///
+/// Boxed strings (16 bytes each, not 24): every idle client keeps these.
 pub struct ClientFacts {
-    pub user: String,
-    pub database: String,
+    pub user: Box<str>,
+    pub database: Box<str>,
     pub addr: SocketAddr,
     pub local: Option<SocketAddr>,
-    pub application_name: String,
+    pub application_name: Box<str>,
     /// e.g. `TLSv1_3/TLS13_AES_256_GCM_SHA384`; empty without TLS.
-    pub tls: String,
+    pub tls: Box<str>,
 }
 
 /// What other tasks may need to know about one client, or tell it.
@@ -155,19 +157,29 @@ impl ClientHandle {
 
     /// Resolves once the client is killed.
     pub fn killed(&self) -> impl Future<Output = ()> + '_ {
-        std::future::poll_fn(move |cx| {
-            let k = &self.kill;
-            if k.killed.load(Ordering::Acquire) {
-                return Poll::Ready(());
-            }
-            k.waker.register(cx.waker());
-            // A kill between the check and the registration woke nobody.
-            if k.killed.load(Ordering::Acquire) {
-                Poll::Ready(())
-            } else {
-                Poll::Pending
-            }
-        })
+        std::future::poll_fn(move |cx| self.poll_killed(cx))
+    }
+
+    /// Ready once the client is killed; else the task is woken when it is,
+    /// or when it is [poked](ClientHandle::poke).
+    pub fn poll_killed(&self, cx: &mut std::task::Context<'_>) -> Poll<()> {
+        let k = &self.kill;
+        if k.killed.load(Ordering::Acquire) {
+            return Poll::Ready(());
+        }
+        k.waker.register(cx.waker());
+        // A kill between the check and the registration woke nobody.
+        if k.killed.load(Ordering::Acquire) {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+
+    /// Wakes the client's task without killing it: an idle client looks
+    /// again at what may end it (shutdown's drain).
+    pub fn poke(&self) {
+        self.kill.waker.wake();
     }
 }
 
@@ -180,7 +192,7 @@ fn unix_us(t: SystemTime) -> u64 {
 /// share one).
 #[derive(Debug, Default)]
 pub struct ClientRegistry {
-    by_pid: DashMap<u32, Vec<Arc<ClientHandle>>>,
+    by_pid: DashMap<u32, Listed>,
     count: AtomicUsize,
     next_id: AtomicU64,
 }
@@ -190,6 +202,45 @@ pub struct ClientRegistry {
 pub struct Registration {
     registry: Arc<ClientRegistry>,
     pub handle: Arc<ClientHandle>,
+}
+
+/// The clients told one pid: nearly always one, kept without a list of its
+/// own (every idle client has an entry).
+#[derive(Debug)]
+enum Listed {
+    One(Arc<ClientHandle>),
+    Many(Vec<Arc<ClientHandle>>),
+}
+
+impl Listed {
+    fn iter(&self) -> std::slice::Iter<'_, Arc<ClientHandle>> {
+        match self {
+            Listed::One(h) => std::slice::from_ref(h).iter(),
+            Listed::Many(v) => v.iter(),
+        }
+    }
+
+    fn push(&mut self, handle: Arc<ClientHandle>) {
+        match self {
+            Listed::One(first) => *self = Listed::Many(vec![first.clone(), handle]),
+            Listed::Many(v) => v.push(handle),
+        }
+    }
+
+    /// True if `handle` is the only one.
+    fn is_only(&self, handle: &Arc<ClientHandle>) -> bool {
+        matches!(self, Listed::One(h) if Arc::ptr_eq(h, handle))
+    }
+
+    /// Takes `handle` out of a list of several.
+    fn remove(&mut self, handle: &Arc<ClientHandle>) {
+        if let Listed::Many(v) = self {
+            v.retain(|h| !Arc::ptr_eq(h, handle));
+            if v.len() == 1 {
+                *self = Listed::One(v[0].clone());
+            }
+        }
+    }
 }
 
 impl Drop for Registration {
@@ -204,11 +255,12 @@ impl Registration {
     pub fn tell_pid(&self, pid: u32) {
         self.registry.unlist(&self.handle);
         self.handle.pid.store(pid, Ordering::Relaxed);
-        self.registry
-            .by_pid
-            .entry(pid)
-            .or_default()
-            .push(self.handle.clone());
+        match self.registry.by_pid.entry(pid) {
+            dashmap::Entry::Occupied(mut o) => o.get_mut().push(self.handle.clone()),
+            dashmap::Entry::Vacant(v) => {
+                v.insert(Listed::One(self.handle.clone()));
+            }
+        }
     }
 }
 
@@ -254,7 +306,7 @@ impl ClientRegistry {
                     serving: Mutex::new(None),
                     kill: KillSwitch::default(),
                 });
-                v.insert(vec![handle.clone()]);
+                v.insert(Listed::One(handle.clone()));
                 return Registration {
                     registry: self.clone(),
                     handle,
@@ -286,15 +338,33 @@ impl ClientRegistry {
     /// Takes a client out of its pid's entry.
     fn unlist(&self, handle: &Arc<ClientHandle>) {
         let pid = handle.pid();
-        if let Some(mut same) = self.by_pid.get_mut(&pid) {
-            same.retain(|h| !Arc::ptr_eq(h, handle));
+        if self
+            .by_pid
+            .remove_if(&pid, |_, same| same.is_only(handle))
+            .is_none()
+        {
+            if let Some(mut same) = self.by_pid.get_mut(&pid) {
+                same.remove(handle);
+            }
         }
-        self.by_pid.remove_if(&pid, |_, same| same.is_empty());
+    }
+
+    /// Wakes every client's task ([`ClientHandle::poke`]).
+    pub fn poke_all(&self) {
+        for entry in self.by_pid.iter() {
+            for handle in entry.value().iter() {
+                handle.poke();
+            }
+        }
     }
 
     /// Every logged-in client, by id.
     pub fn all(&self) -> Vec<Arc<ClientHandle>> {
-        let mut all: Vec<_> = self.by_pid.iter().flat_map(|e| e.value().clone()).collect();
+        let mut all: Vec<_> = self
+            .by_pid
+            .iter()
+            .flat_map(|e| e.value().iter().cloned().collect::<Vec<_>>())
+            .collect();
         all.sort_by_key(|h| h.id);
         all
     }
@@ -317,8 +387,8 @@ mod tests {
             database: "app".into(),
             addr: "127.0.0.1:5000".parse().unwrap(),
             local: None,
-            application_name: String::new(),
-            tls: String::new(),
+            application_name: "".into(),
+            tls: "".into(),
         }
     }
 

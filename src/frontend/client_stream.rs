@@ -1,24 +1,24 @@
 //! A client's connection: plain TCP, or TLS after an SSLRequest.
 //!
 //! Writes on either kind return once the bytes are on the socket (see
-//! [`crate::tls::WriteThrough`]), and [`ClientStream::readable`] waits for
+//! [`crate::tls::ClientTlsStream`]), and [`ClientStream::readable`] waits for
 //! input without taking a buffer, so the serve loop treats both alike.
 
-use crate::tls::WriteThrough;
+use crate::tls::ClientTlsStream;
 use rustls_pki_types::CertificateDer;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
 /// The stream to one client.
 #[derive(Debug)]
 pub enum ClientStream {
     Plain(TcpStream),
-    Tls(Box<WriteThrough<TlsStream<TcpStream>>>),
+    /// Boxed: rustls' state is large, and most clients are plain.
+    Tls(Box<ClientTlsStream>),
     /// What is left after a TLS handshake failed: every operation fails.
     Closed,
 }
@@ -33,7 +33,7 @@ impl ClientStream {
     pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
         match self {
             ClientStream::Plain(tcp) => tcp.local_addr().ok(),
-            ClientStream::Tls(s) => s.get_ref().get_ref().0.local_addr().ok(),
+            ClientStream::Tls(s) => s.tcp().local_addr().ok(),
             ClientStream::Closed => None,
         }
     }
@@ -44,8 +44,8 @@ impl ClientStream {
         let ClientStream::Plain(tcp) = std::mem::replace(self, ClientStream::Closed) else {
             return Err(io::Error::other("TLS can only start on a plain connection"));
         };
-        let tls = acceptor.accept(tcp).await?;
-        *self = ClientStream::Tls(Box::new(WriteThrough::new(tls)));
+        let tls = ClientTlsStream::accept(tcp, acceptor.config().clone()).await?;
+        *self = ClientStream::Tls(Box::new(tls));
         Ok(())
     }
 
@@ -53,7 +53,7 @@ impl ClientStream {
     /// `tls.ca` during the handshake), if any.
     pub fn peer_certificate(&self) -> Option<&CertificateDer<'static>> {
         match self {
-            ClientStream::Tls(s) => s.get_ref().get_ref().1.peer_certificates()?.first(),
+            ClientStream::Tls(s) => s.connection().peer_certificates()?.first(),
             _ => None,
         }
     }
@@ -63,7 +63,7 @@ impl ClientStream {
         let ClientStream::Tls(s) = self else {
             return None;
         };
-        let conn = s.get_ref().get_ref().1;
+        let conn = s.connection();
         Some(crate::hooks::TlsInfo {
             version: conn
                 .protocol_version()
@@ -83,16 +83,22 @@ impl ClientStream {
     /// Waits until a read would make progress, without reading. For TLS,
     /// plaintext already decrypted and buffered counts as readable.
     pub async fn readable(&self) -> io::Result<()> {
+        std::future::poll_fn(|cx| self.poll_readable(cx)).await
+    }
+
+    /// [`ClientStream::readable`] as a poll: the waker is kept by the
+    /// socket's registration, not by a future.
+    pub fn poll_readable(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self {
-            ClientStream::Plain(s) => s.readable().await,
+            ClientStream::Plain(s) => s.poll_read_ready(cx),
             ClientStream::Tls(s) => {
-                let (tcp, conn) = s.get_ref().get_ref();
-                if !conn.wants_read() {
-                    return Ok(()); // buffered plaintext, or the peer closed
+                if s.has_buffered_input() {
+                    // buffered plaintext or TLS bytes, or the peer closed
+                    return Poll::Ready(Ok(()));
                 }
-                tcp.readable().await
+                s.tcp().poll_read_ready(cx)
             }
-            ClientStream::Closed => Err(closed()),
+            ClientStream::Closed => Poll::Ready(Err(closed())),
         }
     }
 }

@@ -181,6 +181,14 @@ impl SessionDeps {
     /// Ends each client at its next moment between transactions.
     pub fn start_drain(&self) {
         self.drain.send_replace(true);
+        // Idle clients wait on their kill switch's waker, not on the drain
+        // (a receiver each would be most of what an idle client holds).
+        self.clients.poke_all();
+    }
+
+    /// True once clients should end between transactions.
+    pub fn is_draining(&self) -> bool {
+        *self.drain.borrow()
     }
 
     /// True (in the receiver) once clients should end between transactions.

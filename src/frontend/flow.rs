@@ -656,6 +656,31 @@ impl Flow {
     pub fn released(&mut self) {
         self.plan = ResponsePlan::default();
     }
+
+    /// Nothing here differs from a new flow's state in what it decides
+    /// next: an idle client may then keep no flow at all (a new one is
+    /// made when it speaks again).
+    pub fn at_rest(&self) -> bool {
+        self.pending == 0
+            && !self.unsynced
+            && self.status == status::IDLE
+            && !self.copy_in
+            && self.plan.is_empty()
+            && !self.discarded
+            && !self.server_fatal
+            && self.queries == 0
+            && self.effects == Effects::default()
+            && self.pinned.is_empty()
+            && self.pins_seen.is_empty()
+            && self.unpins_seen.is_empty()
+            && !self.slot
+            && self.pinning_statements.is_empty()
+            && self.refuse_next.is_none()
+            && self.refusals.is_empty()
+            && self.refusal.is_none()
+            // Only their difference counts (refused segments).
+            && self.syncs_sent == self.ready_seen
+    }
 }
 
 /// The C string at the start of `body` (without its NUL).
@@ -881,6 +906,36 @@ mod tests {
             assert!(h.flow.quiet() && h.flow.idle());
             assert_eq!(h.flow.take_queries(), 1);
         }
+    }
+
+    #[test]
+    fn a_flow_is_at_rest_between_transactions_unless_it_remembers_something() {
+        let mut h = Harness::new(PoolMode::Transaction, false);
+        assert!(h.flow.at_rest());
+        h.client(&msg(frontend::QUERY, b"select 1\0"));
+        assert!(!h.flow.at_rest(), "an answer is owed");
+        h.server(&cat(&[complete("SELECT 1"), ready(status::IDLE)]));
+        assert_eq!(h.flow.take_queries(), 1);
+        // As the serve loop does when the connection goes back.
+        assert!(h.flow.transaction_end() == PinStep::Release);
+        h.flow.released();
+        assert!(h.flow.at_rest());
+        h.client(&msg(frontend::QUERY, b"begin\0"));
+        h.server(&cat(&[complete("BEGIN"), ready(status::IN_TRANSACTION)]));
+        h.flow.take_queries();
+        assert!(!h.flow.at_rest(), "inside a transaction block");
+        h.client(&msg(frontend::QUERY, b"set work_mem = '8MB'; commit\0"));
+        h.server(&cat(&[
+            complete("SET"),
+            complete("COMMIT"),
+            ready(status::IDLE),
+        ]));
+        h.flow.take_queries();
+        assert!(!h.flow.at_rest(), "settings to settle");
+        h.flow.settled();
+        assert!(h.flow.transaction_end() == PinStep::Release);
+        h.flow.released();
+        assert!(h.flow.at_rest());
     }
 
     #[test]

@@ -302,15 +302,16 @@ async fn login<'a>(
         .unwrap_or_default()
         .to_string();
     let facts = ClientFacts {
-        user: user.clone(),
-        database: database.clone(),
+        user: user.as_str().into(),
+        database: database.as_str().into(),
         addr,
         local: stream.local_addr(),
-        application_name: application_name.clone(),
+        application_name: application_name.as_str().into(),
         tls: tls
             .as_ref()
             .map(|t| format!("{}/{}", t.version, t.cipher))
-            .unwrap_or_default(),
+            .unwrap_or_default()
+            .into(),
     };
     if crate::config::is_admin_database(&database) {
         return Ok(Some(Step::Done(LoggedIn::Console(
@@ -346,10 +347,10 @@ async fn login<'a>(
         application_name,
         user,
         database,
-        startup: params,
+        startup: params.into(),
         addr,
-        tls,
-        auth_method: method.to_string(),
+        tls: tls.map(Box::new),
+        auth_method: method.as_str(),
         pool_mode: pool.mode(),
     };
 

@@ -43,14 +43,16 @@ pub fn canonical_name(name: &str) -> String {
 /// connection returns to the startup values.
 #[derive(Debug, Clone, Default)]
 pub struct SessionParams {
-    startup: HashMap<String, String>,
-    hook: HashMap<String, String>,
-    client: HashMap<String, String>,
+    startup: Layer,
+    hook: Layer,
+    client: Layer,
     /// The merged view, canonical names; values of reported parameters take
-    /// the server's spelling after a sync.
-    wanted: HashMap<String, String>,
-    /// The fingerprint of `wanted` (and the pool's defaults), made when
-    /// first needed after `wanted` changed.
+    /// the server's spelling after a sync. `None` while it is the startup
+    /// layer alone (no hook or client values): most sessions, which then
+    /// keep one map instead of two.
+    wanted: Option<Layer>,
+    /// The fingerprint of the merged view (and the pool's defaults), made
+    /// when first needed after it changed.
     fingerprint: Option<ParamsFingerprint>,
 }
 
@@ -58,7 +60,7 @@ impl SessionParams {
     /// From the startup packet: every parameter except user/database, plus
     /// `-c name=value` / `--name=value` items of `options`.
     pub fn from_startup(startup: &[(String, String)]) -> Result<Self, PgError> {
-        let mut wanted = HashMap::new();
+        let mut wanted = Layer::default();
         for (k, v) in startup {
             if k == "options" {
                 for (name, value) in parse_options(v)? {
@@ -68,20 +70,28 @@ impl SessionParams {
                 wanted.insert(canonical_name(k), v.clone());
             }
         }
+        wanted.0.shrink_to_fit();
         Ok(SessionParams {
-            startup: wanted.clone(),
-            wanted,
+            startup: wanted,
             ..Default::default()
         })
     }
 
+    /// The merged view (see `wanted`).
+    fn merged(&self) -> &Layer {
+        self.wanted.as_ref().unwrap_or(&self.startup)
+    }
+
     fn rebuild(&mut self) {
         self.fingerprint = None;
-        self.wanted = self.startup.clone();
-        self.wanted
-            .extend(self.hook.iter().map(|(k, v)| (k.clone(), v.clone())));
-        self.wanted
-            .extend(self.client.iter().map(|(k, v)| (k.clone(), v.clone())));
+        if self.hook.is_empty() && self.client.is_empty() {
+            self.wanted = None;
+            return;
+        }
+        let mut wanted = self.startup.clone();
+        wanted.extend(self.hook.iter().map(|(k, v)| (k.clone(), v.clone())));
+        wanted.extend(self.client.iter().map(|(k, v)| (k.clone(), v.clone())));
+        self.wanted = Some(wanted);
     }
 
     /// Parameters a client_connection hook set: they count as startup values.
@@ -89,6 +99,7 @@ impl SessionParams {
         for (k, v) in params {
             self.startup.insert(canonical_name(&k), v);
         }
+        self.startup.0.shrink_to_fit();
         self.rebuild();
     }
 
@@ -110,7 +121,7 @@ impl SessionParams {
 
     #[cfg(test)]
     pub fn get(&self, name: &str) -> Option<&str> {
-        self.wanted.get(name).map(String::as_str)
+        self.merged().get(name).map(String::as_str)
     }
 
     /// The server reported a new value (the client ran SET): keep it.
@@ -119,8 +130,13 @@ impl SessionParams {
             return;
         }
         self.client.insert(name.to_string(), value.to_string());
-        self.wanted.insert(name.to_string(), value.to_string());
         self.fingerprint = None;
+        match self.wanted.as_mut() {
+            Some(wanted) => {
+                wanted.insert(name.to_string(), value.to_string());
+            }
+            None => self.rebuild(),
+        }
     }
 
     /// Parameter values to tell the client at login: the server's reported
@@ -128,7 +144,7 @@ impl SessionParams {
     pub fn initial_report(&self, server: &HashMap<String, String>) -> Vec<(String, String)> {
         let mut out: Vec<(String, String)> = server
             .iter()
-            .map(|(k, v)| (k.clone(), self.wanted.get(k).unwrap_or(v).clone()))
+            .map(|(k, v)| (k.clone(), self.merged().get(k).unwrap_or(v).clone()))
             .collect();
         out.sort();
         out
@@ -175,8 +191,8 @@ impl SessionParams {
         }
         use sha2::{Digest, Sha256};
         let mut hash = Sha256::new();
-        for map in [&self.wanted, defaults] {
-            let mut entries: Vec<_> = map.iter().collect();
+        let wanted: Vec<_> = self.merged().iter().collect();
+        for mut entries in [wanted, defaults.iter().collect()] {
             entries.sort();
             hash.update((entries.len() as u64).to_be_bytes());
             for (name, value) in entries {
@@ -198,7 +214,7 @@ impl SessionParams {
     /// name.
     fn differences(&self, conn: &ServerConn, defaults: &HashMap<String, String>) -> Vec<Setting> {
         let mut settings: Vec<Setting> = self
-            .wanted
+            .merged()
             .iter()
             // (A server-set name here came in the startup packet: applied,
             // it fails as it would directly, 55P02.)
@@ -212,7 +228,7 @@ impl SessionParams {
             conn.params()
                 .iter()
                 .filter(|(k, _)| !SERVER_SET.contains(&k.as_str()))
-                .filter(|(k, v)| !self.wanted.contains_key(*k) && defaults.get(*k) != Some(*v))
+                .filter(|(k, v)| !self.merged().contains_key(*k) && defaults.get(*k) != Some(*v))
                 .map(|(name, _)| Setting {
                     name: name.clone(),
                     value: None,
@@ -231,27 +247,35 @@ impl SessionParams {
         defaults: &HashMap<String, String>,
     ) -> Vec<(String, String)> {
         let mut changed = Vec::new();
-        for (name, value) in self.wanted.iter_mut() {
+        // Without hook or client values the startup layer is the merged
+        // view, and respelt in place.
+        let layered = self.wanted.is_some();
+        let wanted = self.wanted.as_mut().unwrap_or(&mut self.startup);
+        for (name, value) in wanted.iter_mut() {
             if defaults.contains_key(name) {
                 if let Some(now) = conn.params().get(name) {
                     if now != value {
                         self.fingerprint = None;
                         *value = now.clone();
                         changed.push((name.clone(), now.clone()));
-                        // The layer the value came from takes the server's
-                        // spelling too, so a rebuild does not undo it.
-                        respell(
-                            [&mut self.client, &mut self.hook, &mut self.startup],
-                            name,
-                            now.clone(),
-                        );
                     }
                 }
             } else {
                 conn.set_param(name.clone(), value.clone());
             }
         }
-        conn.retain_params(|k, _| self.wanted.contains_key(k) || defaults.contains_key(k));
+        if layered {
+            // The layer each value came from takes the server's spelling
+            // too, so a rebuild does not undo it.
+            for (name, now) in &changed {
+                respell(
+                    [&mut self.client, &mut self.hook, &mut self.startup],
+                    name,
+                    now.clone(),
+                );
+            }
+        }
+        conn.retain_params(|k, _| self.merged().contains_key(k) || defaults.contains_key(k));
         changed
     }
 }
@@ -259,7 +283,7 @@ impl SessionParams {
 impl SessionParams {
     /// The names of custom settings (`myapp.tenant`) the session has.
     pub fn custom_names(&self) -> impl Iterator<Item = &String> {
-        self.wanted.keys().filter(|k| k.contains('.'))
+        self.merged().keys().filter(|k| k.contains('.'))
     }
 
     /// The client's statements may have changed settings, and `read` is
@@ -300,27 +324,91 @@ impl SessionParams {
 
     /// The merged parameters, canonical names, values as they stand.
     pub fn wanted(&self) -> impl Iterator<Item = (&String, &String)> {
-        self.wanted.iter()
+        self.merged().iter()
     }
 
     /// Takes the server's spelling of a wanted value, learnt elsewhere (a
     /// pool's memory of earlier logins).
     pub fn take_spelling(&mut self, name: &str, value: String) {
-        if let Some(v) = self.wanted.get_mut(name) {
+        let layered = self.wanted.is_some();
+        let wanted = self.wanted.as_mut().unwrap_or(&mut self.startup);
+        if let Some(v) = wanted.get_mut(name) {
             self.fingerprint = None;
             *v = value.clone();
-            respell(
-                [&mut self.client, &mut self.hook, &mut self.startup],
-                name,
-                value,
-            );
+            if layered {
+                respell(
+                    [&mut self.client, &mut self.hook, &mut self.startup],
+                    name,
+                    value,
+                );
+            }
         }
+    }
+}
+
+/// One layer of parameters: a few (name, value) pairs, so a list (a hash
+/// map keeps room for four at least, and every session has layers).
+#[derive(Debug, Clone, Default)]
+struct Layer(Vec<(String, String)>);
+
+impl Layer {
+    fn get(&self, name: &str) -> Option<&String> {
+        self.0.iter().find(|(k, _)| k == name).map(|(_, v)| v)
+    }
+
+    fn get_mut(&mut self, name: &str) -> Option<&mut String> {
+        self.0.iter_mut().find(|(k, _)| k == name).map(|(_, v)| v)
+    }
+
+    fn contains_key(&self, name: &str) -> bool {
+        self.get(name).is_some()
+    }
+
+    fn insert(&mut self, name: String, value: String) {
+        match self.get_mut(&name) {
+            Some(v) => *v = value,
+            None => self.0.push((name, value)),
+        }
+    }
+
+    fn extend(&mut self, pairs: impl IntoIterator<Item = (String, String)>) {
+        for (k, v) in pairs {
+            self.insert(k, v);
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&String, &String)> {
+        self.0.iter().map(|(k, v)| (k, v))
+    }
+
+    fn iter_mut(&mut self) -> impl Iterator<Item = (&String, &mut String)> {
+        self.0.iter_mut().map(|(k, v)| (&*k, v))
+    }
+
+    fn keys(&self) -> impl Iterator<Item = &String> {
+        self.0.iter().map(|(k, _)| k)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
+impl FromIterator<(String, String)> for Layer {
+    fn from_iter<I: IntoIterator<Item = (String, String)>>(pairs: I) -> Self {
+        let mut layer = Layer::default();
+        layer.extend(pairs);
+        layer
     }
 }
 
 /// Gives the value of `name` in the first layer that has it (the one that
 /// wins) the server's spelling.
-fn respell(layers: [&mut HashMap<String, String>; 3], name: &str, value: String) {
+fn respell(layers: [&mut Layer; 3], name: &str, value: String) {
     if let Some(layer) = layers.into_iter().find(|l| l.contains_key(name)) {
         layer.insert(name.to_string(), value);
     }

@@ -103,20 +103,22 @@ struct Statement {
 /// The named statements one client has prepared.
 #[derive(Debug, Default)]
 pub struct ClientStatements {
-    by_name: HashMap<String, Statement>,
+    /// Boxed on first use: most clients name no statement, and each idle
+    /// client keeps this.
+    by_name: Option<Box<HashMap<String, Statement>>>,
 }
 
 impl ClientStatements {
     /// DISCARD ALL / DEALLOCATE ALL: the client's statements are gone.
     pub fn clear(&mut self) {
-        self.by_name.clear();
+        self.by_name = None;
     }
 
     /// The server said statements `stale` are stale (DDL changed their
     /// result type): the client's statements of those ids take new ids,
     /// prepared afresh where they are next used.
     pub fn renew(&mut self, stale: &[u64], registry: &StatementRegistry) {
-        for stmt in self.by_name.values_mut() {
+        for stmt in self.by_name.iter_mut().flat_map(|m| m.values_mut()) {
             if stale.contains(&stmt.id) {
                 stmt.id = registry.renew(&stmt.definition, stmt.id);
             }
@@ -125,11 +127,27 @@ impl ClientStatements {
 
     /// Statements the client has now (SHOW CLIENTS' prepared_statements).
     pub fn len(&self) -> usize {
-        self.by_name.len()
+        self.by_name.as_ref().map_or(0, |m| m.len())
     }
 
     pub fn is_empty(&self) -> bool {
-        self.by_name.is_empty()
+        self.len() == 0
+    }
+
+    fn get(&self, name: &str) -> Option<&Statement> {
+        self.by_name.as_ref()?.get(name)
+    }
+
+    fn insert(&mut self, name: String, statement: Statement) {
+        self.by_name
+            .get_or_insert_with(Default::default)
+            .insert(name, statement);
+    }
+
+    fn remove(&mut self, name: &str) {
+        if let Some(m) = self.by_name.as_mut() {
+            m.remove(name);
+        }
     }
 }
 
@@ -166,6 +184,11 @@ pub struct ResponsePlan {
 }
 
 impl ResponsePlan {
+    /// Nothing owed or remembered (as a new plan).
+    pub fn is_empty(&self) -> bool {
+        self.owed.is_empty() && self.used.is_empty() && self.syncs_sent == self.ready_seen
+    }
+
     /// A Sync or Query went to the server.
     pub fn sync_sent(&mut self) {
         self.syncs_sent += 1;
@@ -268,7 +291,7 @@ impl Rewriter<'_> {
                 let (name, rest) = split_cstr(body)?;
                 let definition = Bytes::copy_from_slice(rest);
                 let id = self.registry.id_for(&definition);
-                self.statements.by_name.insert(
+                self.statements.insert(
                     name.to_string(),
                     Statement {
                         id,
@@ -300,7 +323,7 @@ impl Rewriter<'_> {
                 // The server never saw the client's name: closing it there is
                 // harmless and answers CloseComplete, as the client expects.
                 let (name, _) = split_cstr(&body[1..])?;
-                self.statements.by_name.remove(name);
+                self.statements.remove(name);
                 let start = begin(out, frontend::CLOSE);
                 out.put_slice(body);
                 finish(out, start);
@@ -328,7 +351,7 @@ impl Rewriter<'_> {
     /// on this server connection first if needed. Unknown names pass
     /// through, so the server reports them as it would directly.
     fn prepare_if_needed(&mut self, name: &str, out: &mut BytesMut) -> String {
-        let Some(stmt) = self.statements.by_name.get(name).cloned() else {
+        let Some(stmt) = self.statements.get(name).cloned() else {
             return name.to_string();
         };
         if self.prepared.get(&stmt.id).is_none() {
@@ -435,10 +458,14 @@ mod tests {
         let used = plan.take_used();
         assert_eq!(used, [old], "the statement bound is what an error is about");
         mine.renew(&used, &r);
-        let new = mine.by_name["s"].id;
+        let new = mine.get("s").unwrap().id;
         assert_ne!(new, old);
         assert_eq!(r.id_for(def), new, "a later Parse gets the new id");
         theirs.renew(&used, &r);
-        assert_eq!(theirs.by_name["s"].id, new, "renewed once, shared again");
+        assert_eq!(
+            theirs.get("s").unwrap().id,
+            new,
+            "renewed once, shared again"
+        );
     }
 }

@@ -56,8 +56,8 @@ pub struct Session {
     params: SessionParams,
     /// The pool's server defaults for reported parameters.
     defaults: Arc<HashMap<String, String>>,
-    handle: Arc<ClientHandle>,
-    _registration: Registration,
+    /// Its registry entry (SHOW CLIENTS, cancel, KILL), until the session ends.
+    registration: Registration,
     started: Instant,
     mode: PoolMode,
     /// Bytes this client sent (forwarded to servers) and was sent, for the
@@ -71,15 +71,28 @@ pub struct Session {
     charged: usize,
     /// Session mode: the server connection the login took (the client was
     /// told its backend's pid); the serve loop starts with it.
-    login_server: Option<Checkout>,
+    login_server: Option<Box<Checkout>>,
     /// Transaction mode: what state that cannot move does (`pinning`).
     pinning: Pinning,
     /// The pool's pin slot this client holds (its server connection is
     /// pinned, or about to be).
-    pin_slot: Option<PinSlot>,
+    pin_slot: Option<Box<PinSlot>>,
     /// What pinned the connection when it was last logged.
     logged_pins: PinKinds,
+    /// The flow between busy phases (the busy phase's `Forwarding` has it
+    /// meanwhile), when it remembers anything ([`Flow::at_rest`]).
+    flow: Option<Box<Flow>>,
+    /// The client's message walker between busy phases.
+    in_walker: FrameWalker,
+    /// The client counts as connected while its session lasts.
+    counted: Option<Counted>,
 }
+
+/// What counts a client as connected (the registry's count, the gauge).
+pub(crate) type Counted = (
+    super::client_registry::Connected,
+    crate::metrics::ClientConnected,
+);
 
 /// Why the serve loop ended.
 enum LoopEnd {
@@ -92,6 +105,18 @@ enum LoopEnd {
     /// The server closed the connection after a FATAL the client was
     /// forwarded: nothing more to say (a direct client sees just that).
     ServerFatal,
+    /// Not an end: the client holds nothing any more and the busy phase
+    /// gives way to the idle wait.
+    Idle,
+}
+
+/// What the serve task does next.
+enum Phase {
+    /// Forward ([`Session::busy`], boxed).
+    Busy,
+    /// Wait for the client, holding nothing ([`Session::parked`]).
+    Parked,
+    Ended,
 }
 
 /// The forwarding state of one client (`fwd` in the serve loop): the server
@@ -144,8 +169,7 @@ impl Session {
             pool,
             params,
             defaults,
-            handle: registration.handle.clone(),
-            _registration: registration,
+            registration,
             started: Instant::now(),
             mode,
             received: 0,
@@ -157,13 +181,16 @@ impl Session {
             pinning,
             pin_slot: None,
             logged_pins: PinKinds::NONE,
+            flow: None,
+            in_walker: FrameWalker::new(0),
+            counted: None,
         }
     }
 
     /// Session mode: the session will start on the server connection the
     /// login took.
     pub(crate) fn hold_login_server(&mut self, checkout: Checkout) {
-        self.login_server = Some(checkout);
+        self.login_server = Some(Box::new(checkout));
     }
 
     /// Session mode, at login: the session begins on the server connection
@@ -182,57 +209,166 @@ impl Session {
                 Ok(())
             }
             Err(e) => {
-                self.pool.discard(checkout);
+                self.pool.discard(*checkout);
                 Err(e)
             }
         }
     }
 
-    /// Serves the client until it leaves, an error ends it, or shutdown.
-    pub async fn serve(mut self, mut client: ClientStream) {
+    /// Serves the client until it leaves, an error ends it, or shutdown:
+    /// the future of the client's task (`counted` is dropped with it).
+    ///
+    /// That future is what an idle client costs, so it is kept small: it
+    /// holds the boxed session, the boxed stream, and either the small wait
+    /// of an idle client ([`Session::parked`]) or a boxed busy phase
+    /// ([`Session::busy`]: forwarding, its buffers and decisions), which is
+    /// freed whenever the client is idle again.
+    pub fn serve(
+        mut self: Box<Self>,
+        client: ClientStream,
+        counted: Counted,
+    ) -> impl std::future::Future<Output = ()> + Send {
+        self.counted = Some(counted);
+        self.serve_boxed(Box::new(client))
+    }
+
+    async fn serve_boxed(mut self: Box<Self>, mut client: Box<ClientStream>) {
+        let client = &mut *client;
+        let mut phase = Box::pin(self.begin(client)).await;
+        loop {
+            phase = match phase {
+                Phase::Busy => Box::pin(self.busy(client)).await,
+                Phase::Parked => self.parked(client).await,
+                Phase::Ended => return,
+            };
+        }
+    }
+
+    /// The session begins: in transaction mode now, with no server
+    /// connection (session_start hooks); in session mode when its server
+    /// connection is assigned.
+    async fn begin(&mut self, client: &mut ClientStream) -> Phase {
         let config = self.deps.config();
-        let (max_message, max_buffered) = (config.max_message_size, config.max_buffered_message);
+        // Messages read whole (named Parse, Describe, Close) are bounded by
+        // max_buffered_message; all others stream.
+        self.in_walker =
+            FrameWalker::new(config.max_message_size).inspect_up_to(config.max_buffered_message);
         drop(config);
+        if self.mode == PoolMode::Transaction {
+            self.session_started = true;
+            if let Err(e) = self
+                .start_session(client, SessionReason::NewSession, None)
+                .await
+            {
+                let fwd = self.forwarding();
+                Box::pin(self.finish(client, fwd, LoopEnd::Error(e), false)).await;
+                return Phase::Ended;
+            }
+        }
+        if self.login_server.is_some() {
+            Phase::Busy
+        } else {
+            Phase::Parked
+        }
+    }
+
+    /// The client holds nothing (no server connection, no buffer, nothing
+    /// half-read): wait until it sends something, or until its idle
+    /// timeout (client_idle_timeout), shutdown's drain or KILL ends it.
+    async fn parked(&mut self, client: &mut ClientStream) -> Phase {
+        let timeout = self
+            .pool
+            .settings()
+            .client_idle_timeout
+            .map(|t| Box::pin(tokio::time::sleep(t)));
+        let woken = IdleWait {
+            client,
+            handle: &self.registration.handle,
+            deps: &self.deps,
+            timeout,
+        }
+        .await;
+        if woken == Woken::Readable {
+            return Phase::Busy;
+        }
+        Box::pin(self.end_parked(client, woken)).await;
+        Phase::Ended
+    }
+
+    /// An idle client's session ends.
+    async fn end_parked(&mut self, client: &mut ClientStream, woken: Woken) {
+        let end = match woken {
+            Woken::Readable | Woken::Left => LoopEnd::ClientLeft,
+            Woken::TimedOut => LoopEnd::Error(idle_session_timeout()),
+            Woken::Draining => LoopEnd::Shutdown,
+            Woken::Killed => LoopEnd::Error(killed()),
+        };
+        let fwd = self.forwarding();
+        self.finish(client, fwd, end, false).await;
+    }
+
+    /// Forwards until the client is idle again (then its forwarding state
+    /// is dropped and the loop parks), or until the session ends.
+    async fn busy(&mut self, client: &mut ClientStream) -> Phase {
+        let mut fwd = self.forwarding();
+        // KILL_CLIENT / KILL end the session wherever it is, even waiting
+        // for a server connection; what it held is then in an unknown state.
+        let handle = self.registration.handle.clone();
+        let (end, interrupted) = tokio::select! {
+            end = self.serve_loop(client, &mut fwd) => (end, false),
+            _ = handle.killed() => (LoopEnd::Error(killed()), true),
+        };
+        if let LoopEnd::Idle = end {
+            self.flow = (!fwd.flow.at_rest()).then(|| Box::new(fwd.flow));
+            self.in_walker = fwd.in_walker;
+            return Phase::Parked;
+        }
+        Box::pin(self.finish(client, fwd, end, interrupted)).await;
+        Phase::Ended
+    }
+
+    /// The forwarding state of a busy phase, from what the session keeps
+    /// between them (and, in session mode, the server connection the
+    /// login took).
+    fn forwarding(&mut self) -> Forwarding {
+        let flow = match self.flow.take() {
+            Some(flow) => *flow,
+            None => Flow::new(self.mode, self.rewriting, self.pinning),
+        };
         let mut fwd = Forwarding {
             held: None,
             lent_at: Instant::now(),
             server_gone: false,
-            flow: Flow::new(self.mode, self.rewriting, self.pinning),
+            flow,
             in_buf: BytesMut::new(),
             out_buf: BytesMut::new(),
             to_server: BytesMut::new(),
-            // Messages read whole (named Parse, Describe, Close) are bounded
-            // by max_buffered_message; all others stream.
-            in_walker: FrameWalker::new(max_message).inspect_up_to(max_buffered),
+            in_walker: std::mem::replace(&mut self.in_walker, FrameWalker::new(0)),
             out_walker: FrameWalker::new(usize::MAX >> 1),
             notes: Vec::new(),
         };
         if let Some(checkout) = self.login_server.take() {
-            self.handle
+            self.registration
+                .handle
                 .set_server(Some(checkout.conn.summary().clone()));
-            fwd.held = Some(checkout);
+            fwd.held = Some(*checkout);
             self.pool.stats.client_active(1);
             fwd.out_buf.reserve(BUFFER_SIZE);
         }
-        // Transaction mode: the session begins now, with no server
-        // connection; session mode: when its server connection is assigned.
-        let mut started = Ok(Vec::new());
-        if self.mode == PoolMode::Transaction {
-            self.session_started = true;
-            started =
-                Box::pin(self.start_session(&mut client, SessionReason::NewSession, None)).await;
-        }
-        // KILL_CLIENT / KILL end the session wherever it is, even waiting
-        // for a server connection; what it held is then in an unknown state.
-        let handle = self.handle.clone();
-        let (end, interrupted) = match started {
-            Err(e) => (LoopEnd::Error(e), false),
-            Ok(_) => tokio::select! {
-                end = self.serve_loop(&mut client, &mut fwd) => (end, false),
-                _ = handle.killed() => (LoopEnd::Error(killed()), true),
-            },
-        };
-        self.handle.set_server(None);
+        fwd
+    }
+
+    /// The session is over: the server connection goes back (or to
+    /// recovery), the client is told why if it is still there,
+    /// session_end hooks run and the disconnection is logged.
+    async fn finish(
+        &mut self,
+        client: &mut ClientStream,
+        mut fwd: Forwarding,
+        end: LoopEnd,
+        interrupted: bool,
+    ) {
+        self.registration.handle.set_server(None);
         self.deps.buffers.recharge(&mut self.charged, 0, 0);
         // Pinned or not, the connection is the pool's again from here.
         self.pin_slot = None;
@@ -270,14 +406,14 @@ impl Session {
             }
         }
         match &end {
-            LoopEnd::ClientLeft | LoopEnd::ServerFatal => {}
-            LoopEnd::Error(e) => Box::pin(close_with_error(&mut client, e)).await,
+            LoopEnd::ClientLeft | LoopEnd::ServerFatal | LoopEnd::Idle => {}
+            LoopEnd::Error(e) => Box::pin(close_with_error(client, e)).await,
             LoopEnd::Shutdown => {
                 let e = PgError::fatal(
                     sqlstate::ADMIN_SHUTDOWN,
                     "terminating connection because usher is shutting down",
                 );
-                Box::pin(close_with_error(&mut client, &e)).await;
+                Box::pin(close_with_error(client, &e)).await;
             }
         }
         if self.deps.hooks.handles(Event::SessionEnd) {
@@ -290,7 +426,7 @@ impl Session {
         }
         if self.deps.config().log.disconnections {
             let (reason, error) = match &end {
-                LoopEnd::ClientLeft => ("client", None),
+                LoopEnd::ClientLeft | LoopEnd::Idle => ("client", None),
                 LoopEnd::Error(e) => ("error", Some(e)),
                 LoopEnd::Shutdown => ("shutdown", None),
                 LoopEnd::ServerFatal => ("server", None),
@@ -308,6 +444,9 @@ impl Session {
     async fn serve_loop(&mut self, client: &mut ClientStream, fwd: &mut Forwarding) -> LoopEnd {
         let mut shutdown = self.deps.draining();
         let pool = self.pool.clone();
+        // The phase began because the client was readable (or holds its
+        // login's server connection): it parks only after an event.
+        let mut woke = false;
         loop {
             let between_messages =
                 fwd.flow.quiet() && fwd.in_walker.at_boundary() && fwd.to_server.is_empty();
@@ -325,6 +464,16 @@ impl Session {
                 fwd.in_buf = BytesMut::new();
                 self.deps.buffers.recharge(&mut self.charged, 0, 0);
             }
+            if woke
+                && fwd.held.is_none()
+                && between_messages
+                && fwd.in_buf.is_empty()
+                && fwd.out_buf.is_empty()
+            {
+                // Nothing held, nothing half-read: the client waits parked.
+                return LoopEnd::Idle;
+            }
+            woke = true;
             // The client's turn to speak: its idle timeouts run (each loop
             // turn is activity, so they restart; they are read each turn,
             // as a reload may change them). A client idle between
@@ -647,7 +796,7 @@ impl Session {
                         message.len()
                     };
                     fwd.flow.rewritten();
-                    self.handle.set_prepared(self.statements.len());
+                    self.registration.handle.set_prepared(self.statements.len());
                     stats.received(taken as u64);
                     self.received += taken as u64;
                 }
@@ -752,7 +901,7 @@ impl Session {
                 // The client dropped its names with the server's.
                 self.statements.clear();
                 if self.rewriting {
-                    self.handle.set_prepared(0);
+                    self.registration.handle.set_prepared(0);
                 }
                 if discard_all {
                     // usher's settings of unreported parameters are gone.
@@ -803,7 +952,7 @@ impl Session {
         self.unpinned(fwd);
         let checkout = fwd.held.take().expect("a server connection is held");
         let lent = fwd.lent_at.elapsed();
-        self.handle.set_server(None);
+        self.registration.handle.set_server(None);
         if fwd.out_buf.is_empty() {
             self.pool.checkin(checkout);
         } else {
@@ -850,7 +999,7 @@ impl Session {
     /// what pins it is logged when it changes.
     fn keep_pinned(&mut self, fwd: &mut Forwarding) {
         if !fwd.flow.has_slot() {
-            self.pin_slot = Some(self.pool.pin_anyway());
+            self.pin_slot = Some(Box::new(self.pool.pin_anyway()));
             fwd.flow.slot_taken();
         }
         let pinned = fwd.flow.pinned();
@@ -887,16 +1036,16 @@ impl Session {
     async fn take_pin_slot(&mut self, fwd: &mut Forwarding) {
         let waits = fwd.held.is_none();
         let slot = if waits {
-            self.handle.waiting();
+            self.registration.handle.waiting();
             let slot = self.pool.pin().await;
-            self.handle.set_server(None);
+            self.registration.handle.set_server(None);
             slot
         } else {
             self.pool.try_pin()
         };
         match slot {
             Some(slot) => {
-                self.pin_slot = Some(slot);
+                self.pin_slot = Some(Box::new(slot));
                 fwd.flow.slot_taken();
             }
             None => {
@@ -942,11 +1091,11 @@ impl Session {
     /// Borrows a server connection and brings it in line with the session:
     /// parameters, and the bound on prepared statements it keeps.
     async fn begin_transaction(&mut self, client: &mut ClientStream) -> Result<Checkout, PgError> {
-        self.handle.waiting();
+        self.registration.handle.waiting();
         let mut checkout = match self.pool.checkout().await {
             Ok(c) => c,
             Err(e) => {
-                self.handle.set_server(None);
+                self.registration.handle.set_server(None);
                 return Err(e.into());
             }
         };
@@ -977,7 +1126,8 @@ impl Session {
             report_parameters(client, changed).await?;
         }
         self.params.mark_in_line(conn, &self.defaults);
-        self.handle
+        self.registration
+            .handle
             .set_server(Some(checkout.conn.summary().clone()));
         Ok(checkout)
     }
@@ -1066,6 +1216,55 @@ fn server_info(checkout: &Checkout) -> ServerInfo {
             .cloned()
             .unwrap_or_default(),
         fresh: checkout.conn.sessions_served() <= 1,
+    }
+}
+
+/// The wait of an idle client: a few pointers, since every idle client
+/// holds one. The socket's registration keeps the read waker; the kill
+/// switch's waker is also what shutdown's drain pokes.
+struct IdleWait<'a> {
+    client: &'a ClientStream,
+    handle: &'a ClientHandle,
+    deps: &'a SessionDeps,
+    /// client_idle_timeout, when set.
+    timeout: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+/// What ended an idle client's wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Woken {
+    /// It sent something (or closed: the read will say).
+    Readable,
+    /// Its socket failed.
+    Left,
+    TimedOut,
+    Draining,
+    Killed,
+}
+
+impl std::future::Future for IdleWait<'_> {
+    type Output = Woken;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Woken> {
+        // The waker is registered before the drain flag is read: a drain
+        // that starts in between pokes it.
+        if self.handle.poll_killed(cx).is_ready() {
+            return Poll::Ready(Woken::Killed);
+        }
+        if self.deps.is_draining() {
+            return Poll::Ready(Woken::Draining);
+        }
+        match self.client.poll_readable(cx) {
+            Poll::Ready(Ok(())) => return Poll::Ready(Woken::Readable),
+            Poll::Ready(Err(_)) => return Poll::Ready(Woken::Left),
+            Poll::Pending => {}
+        }
+        if let Some(t) = self.timeout.as_mut() {
+            if t.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Woken::TimedOut);
+            }
+        }
+        Poll::Pending
     }
 }
 
@@ -1166,4 +1365,37 @@ fn killed() -> PgError {
 fn server_lost(detail: &str) -> PgError {
     PgError::fatal(sqlstate::CONNECTION_FAILURE, "server connection lost")
         .with_detail(detail.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The size of what `f` returns (a future's, without making one).
+    fn output_size<F, A, B, C, R>(_: &F) -> usize
+    where
+        F: Fn(A, B, C) -> R,
+    {
+        std::mem::size_of::<R>()
+    }
+
+    /// What every idle client holds: the serve task's future (the boxed
+    /// session, the stream, the idle wait) and the session. The busy
+    /// phase's state is boxed and freed while the client is idle.
+    #[test]
+    fn an_idle_client_holds_little() {
+        let serve = output_size(&Session::serve);
+        let session = std::mem::size_of::<Session>();
+        eprintln!(
+            "serve future {serve} B, Session {session} B (Flow {} B, Forwarding {} B while busy)",
+            std::mem::size_of::<Flow>(),
+            std::mem::size_of::<Forwarding>()
+        );
+        // tokio's task cell (128-aligned) stays at 256 B with it.
+        assert!(serve <= 128, "serve future {serve} B");
+        // mimalloc's size classes: 448 B, and 256 B with the Arc's counts.
+        assert!(session <= 448, "Session {session} B");
+        let handle = std::mem::size_of::<ClientHandle>();
+        assert!(handle <= 240, "ClientHandle {handle} B");
+    }
 }

@@ -134,13 +134,14 @@ pub fn run(config: &Config, command: HooksCommand) -> ExitCode {
                     database: database.clone(),
                     application_name: application_name.clone(),
                     startup: vec![
-                        ("user".into(), user),
-                        ("database".into(), database),
-                        ("application_name".into(), application_name),
-                    ],
+                        ("user".to_string(), user),
+                        ("database".to_string(), database),
+                        ("application_name".to_string(), application_name),
+                    ]
+                    .into(),
                     addr: std::net::SocketAddr::new(addr, 50000),
                     tls: None,
-                    auth_method: config.auth.method.to_string(),
+                    auth_method: config.auth.method.as_str(),
                     pool_mode,
                 };
                 let mut vars = Vars::new();

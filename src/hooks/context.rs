@@ -14,6 +14,59 @@ pub struct TlsInfo {
     pub client_cert_subject: Option<String>,
 }
 
+/// The startup packet's parameters, as sent, in one allocation (every
+/// idle client keeps them): `name\0value\0` pairs, as on the wire.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct StartupParams(Box<str>);
+
+impl StartupParams {
+    /// (name, value) pairs in the order sent.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> + '_ {
+        let mut parts = self.0.split_terminator('\0');
+        std::iter::from_fn(move || Some((parts.next()?, parts.next().unwrap_or(""))))
+    }
+
+    pub fn len(&self) -> usize {
+        self.iter().count()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The value of `name`, if it was sent.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.iter().find(|(k, _)| *k == name).map(|(_, v)| v)
+    }
+}
+
+impl<K: AsRef<str>, V: AsRef<str>> FromIterator<(K, V)> for StartupParams {
+    /// Names and values hold no NUL (they come from C strings); one that
+    /// does is cut there.
+    fn from_iter<I: IntoIterator<Item = (K, V)>>(pairs: I) -> Self {
+        let mut packed = String::new();
+        for (k, v) in pairs {
+            for part in [k.as_ref(), v.as_ref()] {
+                packed.push_str(part.split('\0').next().unwrap_or(""));
+                packed.push('\0');
+            }
+        }
+        StartupParams(packed.into_boxed_str())
+    }
+}
+
+impl From<Vec<(String, String)>> for StartupParams {
+    fn from(pairs: Vec<(String, String)>) -> Self {
+        pairs.into_iter().collect()
+    }
+}
+
+impl std::fmt::Debug for StartupParams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
 /// Facts about a connected client, fixed for its life.
 #[derive(Debug, Clone)]
 pub struct ClientInfo {
@@ -24,10 +77,12 @@ pub struct ClientInfo {
     pub database: String,
     pub application_name: String,
     /// The startup packet's parameters, as sent.
-    pub startup: Vec<(String, String)>,
+    pub startup: StartupParams,
     pub addr: SocketAddr,
-    pub tls: Option<TlsInfo>,
-    pub auth_method: String,
+    /// Boxed: most clients have none, and each idle client keeps this.
+    pub tls: Option<Box<TlsInfo>>,
+    /// The method's name (`AuthMethod::as_str`).
+    pub auth_method: &'static str,
     pub pool_mode: PoolMode,
 }
 
@@ -120,4 +175,32 @@ pub struct SessionEndCtx<'a> {
     pub client: &'a ClientInfo,
     pub vars: &'a Vars,
     pub duration: Duration,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn startup_parameters_are_kept_packed_in_their_order() {
+        let p: StartupParams = vec![
+            ("user".to_string(), "alice".to_string()),
+            ("options".to_string(), String::new()),
+            ("application_name".to_string(), "psql".to_string()),
+        ]
+        .into();
+        assert_eq!(
+            p.iter().collect::<Vec<_>>(),
+            [
+                ("user", "alice"),
+                ("options", ""),
+                ("application_name", "psql")
+            ]
+        );
+        assert_eq!(p.len(), 3);
+        assert_eq!(p.get("application_name"), Some("psql"));
+        assert_eq!(p.get("database"), None);
+        assert!(StartupParams::default().is_empty());
+        assert_eq!(StartupParams::default().iter().count(), 0);
+    }
 }

@@ -25,7 +25,7 @@ pub mod shared;
 
 pub use context::{
     ClientInfo, ConnectionCtx, Rejection, ServerInfo, SessionCtx, SessionEndCtx, SessionReason,
-    TlsInfo, VarValue, Vars,
+    StartupParams, TlsInfo, VarValue, Vars,
 };
 pub use dispatcher::{Dispatcher, HookStats};
 

@@ -73,6 +73,11 @@ impl ClientTls {
         // PostgreSQL 17 clients may name the protocol; older ones send nothing.
         config.alpn_protocols = vec![b"postgresql".to_vec()];
         config.max_fragment_size = Some(MAX_RECORD_PLAINTEXT + RECORD_HEADER);
+        // No session resumption, as PostgreSQL (no session cache, no
+        // tickets): a cache would hold up to 256 sessions, and TLS 1.3
+        // tickets cost every handshake.
+        config.send_tls13_tickets = 0;
+        config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
         Ok(Some(ClientTls {
             mode: tls.mode,
             acceptor: TlsAcceptor::from(Arc::new(config)),

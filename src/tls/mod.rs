@@ -2,15 +2,19 @@
 //! connectors usher uses towards PostgreSQL, and a stream wrapper that makes
 //! TLS writes behave like a socket's.
 //!
-//! - [`accept`]: client-facing `ServerConfig` from `tls.cert`/`key`/`ca`.
-//! - [`connect`]: server-facing `ClientConfig` per database (`databases.<name>.tls`).
+//! - [`client_tls`]: client-facing `ServerConfig` from `tls.cert`/`key`/`ca`.
+//! - [`server_tls`]: server-facing `ClientConfig` per database (`databases.<name>.tls`).
 //! - [`write_through`]: writes that return once the bytes are on the socket.
+//! - [`client_tls_stream`]: a client's TLS stream on rustls' unbuffered API, holding no
+//!   buffer while idle (writes return once on the socket too).
 
 pub mod client_tls;
+pub(crate) mod client_tls_stream;
 pub(crate) mod server_tls;
 pub(crate) mod write_through;
 
 pub use client_tls::ClientTls;
+pub use client_tls_stream::ClientTlsStream;
 pub use server_tls::ServerTls;
 pub use write_through::WriteThrough;
 

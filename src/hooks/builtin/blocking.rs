@@ -456,7 +456,7 @@ mod tests {
             user: user.into(),
             database: db.into(),
             application_name: app.into(),
-            startup: vec![],
+            startup: Default::default(),
             addr: format!("{addr}:5000").parse().unwrap(),
             tls: tls.then(Default::default),
             auth_method: "scram-sha-256".into(),

@@ -40,7 +40,7 @@ pub(super) fn new_ctx(
             &c.application_name,
             &c.addr.ip().to_string(),
             &c.addr.port().to_string(),
-            &c.auth_method,
+            c.auth_method,
             &c.pool_mode.to_string(),
             tls.map_or("", |t| t.version.as_str()),
             tls.map_or("", |t| t.cipher.as_str()),
@@ -50,7 +50,7 @@ pub(super) fn new_ctx(
         ] {
             item(&mut blob, s);
         }
-        for (k, v) in &c.startup {
+        for (k, v) in c.startup.iter() {
             item(&mut blob, k);
             item(&mut blob, v);
         }

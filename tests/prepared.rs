@@ -134,6 +134,15 @@ impl RawClient {
         self.until_ready().await
     }
 
+    /// A simple Query: its rows' first column and its error's SQLSTATE.
+    async fn query(&mut self, sql: &str) -> (Vec<String>, Option<String>) {
+        use tokio::io::AsyncWriteExt;
+        let mut out = bytes::BytesMut::new();
+        postgres_protocol::message::frontend::query(sql, &mut out).unwrap();
+        self.stream.write_all(&out).await.unwrap();
+        self.until_ready().await
+    }
+
     async fn parse(&mut self, name: &str, query: &str) -> Option<String> {
         self.send(|out| {
             postgres_protocol::message::frontend::parse(name, query, std::iter::empty(), out)
@@ -436,4 +445,213 @@ async fn a_statement_made_stale_by_ddl_is_prepared_anew() {
     // The first client prepares again and is fine too.
     let stmt = first.prepare(sql).await.unwrap();
     assert_eq!(first.query(&stmt, &[]).await.unwrap()[0].len(), 2);
+}
+
+/// The pool's pinned server connections.
+fn pinned(usher: &Usher) -> usize {
+    usher
+        .app
+        .deps
+        .pools
+        .all()
+        .iter()
+        .find(|p| p.user == "alice")
+        .map_or(0, |p| p.pinned())
+}
+
+fn ok() -> (Vec<String>, Option<String>) {
+    (Vec::new(), None)
+}
+
+fn failed(code: &str) -> (Vec<String>, Option<String>) {
+    (Vec::new(), Some(code.to_string()))
+}
+
+/// psycopg 3, Rails and PHP PDO prepare at the protocol level and drop a
+/// statement with SQL `DEALLOCATE name`. Through usher the server has the
+/// statement under usher's name: the DEALLOCATE must forget the client's
+/// statement and answer as the server would, in and out of a transaction
+/// block, and leave other clients' statements of the same name alone; a
+/// name the client never prepared still gets PostgreSQL's own 26000.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_deallocate_forgets_a_protocol_level_statement() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(
+        pg,
+        "pool_mode: transaction\npool_size: 1\nauth: { method: trust }\n",
+    )
+    .await;
+    let mut a = RawClient::connect(&usher).await;
+    let mut b = RawClient::connect(&usher).await;
+    assert_eq!(a.parse("s1", "SELECT 'a'").await, None);
+    assert_eq!(b.parse("s1", "SELECT 'b'").await, None);
+    assert_eq!(a.execute("s1").await, (vec!["a".to_string()], None));
+    assert_eq!(
+        a.query("DEALLOCATE s1").await,
+        ok(),
+        "as the server answers"
+    );
+    assert_eq!(a.execute("s1").await, failed("26000"), "forgotten");
+    assert_eq!(a.query("DEALLOCATE s1").await, failed("26000"), "gone");
+    assert_eq!(b.execute("s1").await, (vec!["b".to_string()], None));
+    // DEALLOCATE PREPARE, quoted names, inside a transaction block.
+    assert_eq!(a.parse("Mixed", "SELECT 'm'").await, None);
+    assert_eq!(a.parse("s2", "SELECT 2").await, None);
+    assert_eq!(a.query("BEGIN").await, ok());
+    assert_eq!(a.query("DEALLOCATE PREPARE \"Mixed\";").await, ok());
+    assert_eq!(a.query("deallocate s2").await, ok());
+    assert_eq!(a.query("COMMIT").await, ok());
+    assert_eq!(a.execute("Mixed").await, failed("26000"));
+    assert_eq!(a.execute("s2").await, failed("26000"));
+    // An unquoted name is folded to lower case, as by PostgreSQL.
+    assert_eq!(a.parse("s3", "SELECT 3").await, None);
+    assert_eq!(a.query("DEALLOCATE S3").await, ok());
+    assert_eq!(a.query("DEALLOCATE nope").await, failed("26000"));
+    // In a failed transaction block the server's 25P02, and the statement stays.
+    assert_eq!(a.parse("s4", "SELECT '4'").await, None);
+    assert_eq!(a.query("BEGIN").await, ok());
+    assert_eq!(a.query("SELECT 1/0").await, failed("22012"));
+    assert_eq!(a.query("DEALLOCATE s4").await, failed("25P02"));
+    assert_eq!(a.query("ROLLBACK").await, ok());
+    assert_eq!(a.execute("s4").await, (vec!["4".to_string()], None));
+    assert_eq!(b.execute("s1").await, (vec!["b".to_string()], None));
+    assert_eq!(pinned(&usher), 0);
+}
+
+/// SQL-level PREPARE / EXECUTE / DEALLOCATE in transaction mode, two
+/// clients on one server connection: each keeps its own statements under
+/// the same name, the server never holds the client's name, nothing pins,
+/// and a statement is prepared again on demand on a connection without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_prepare_and_execute_follow_their_client_without_pinning() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(
+        pg,
+        "pool_mode: transaction\npool_size: 1\nquery_wait_timeout: 2\nauth: { method: trust }\n",
+    )
+    .await;
+    let mut a = RawClient::connect(&usher).await;
+    let mut b = RawClient::connect(&usher).await;
+    assert_eq!(
+        a.query("PREPARE q (int) AS SELECT ($1 * 2)::text").await,
+        ok()
+    );
+    assert_eq!(pinned(&usher), 0, "a SQL PREPARE no longer pins");
+    assert_eq!(b.query("prepare Q as select 'b'").await, ok());
+    for i in 0..3 {
+        assert_eq!(
+            a.query(&format!("EXECUTE q({i})")).await,
+            (vec![(i * 2).to_string()], None)
+        );
+        assert_eq!(b.query("execute q").await, (vec!["b".to_string()], None));
+    }
+    // The server never has the client's name.
+    assert_eq!(
+        a.query("SELECT count(*)::text FROM pg_prepared_statements WHERE name = 'q'")
+            .await,
+        (vec!["0".to_string()], None)
+    );
+    // As PostgreSQL: a second PREPARE of the name, unknown names.
+    assert_eq!(a.query("PREPARE q AS SELECT 1").await, failed("42P05"));
+    assert_eq!(a.query("EXECUTE nope").await, failed("26000"));
+    assert_eq!(a.query("DEALLOCATE nope").await, failed("26000"));
+    // Inside a transaction block, and EXPLAIN EXECUTE.
+    assert_eq!(a.query("BEGIN").await, ok());
+    assert_eq!(
+        a.query("EXECUTE q (5)").await,
+        (vec!["10".to_string()], None)
+    );
+    assert_eq!(a.query("COMMIT").await, ok());
+    let (plan, e) = a.query("EXPLAIN (COSTS OFF) EXECUTE q(1)").await;
+    assert_eq!((plan.len(), e), (1, None), "{plan:?}");
+    // b's DEALLOCATE ALL drops every statement on the server connection:
+    // a's is prepared again where it runs next.
+    assert_eq!(b.query("DEALLOCATE ALL").await, ok());
+    assert_eq!(b.query("EXECUTE q").await, failed("26000"));
+    assert_eq!(
+        a.query("EXECUTE q(7)").await,
+        (vec!["14".to_string()], None)
+    );
+    // A statement that fails to prepare leaves no name behind.
+    assert_eq!(
+        a.query("PREPARE bad AS SELECT * FROM no_such_table").await,
+        failed("42P01")
+    );
+    assert_eq!(a.query("EXECUTE bad").await, failed("26000"));
+    assert_eq!(a.query("DEALLOCATE q").await, ok());
+    assert_eq!(a.query("EXECUTE q(1)").await, failed("26000"));
+    assert_eq!(b.query("PREPARE q AS SELECT 'b again'").await, ok());
+    assert_eq!(
+        b.query("EXECUTE q").await,
+        (vec!["b again".to_string()], None)
+    );
+    assert_eq!(pinned(&usher), 0);
+}
+
+/// With two server connections: a client's SQL statement runs on whichever
+/// one its transaction gets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sql_prepared_statement_runs_on_any_server_connection() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(pg, "pool_mode: transaction\npool_size: 2\n").await;
+    let a = usher.alice().await;
+    let b = usher.alice().await;
+    a.batch_execute("PREPARE p (int) AS SELECT $1 + 1, pg_backend_pid()")
+        .await
+        .unwrap();
+    let mut pids = HashSet::new();
+    for i in 0..10 {
+        let holding = i % 2 == 0;
+        if holding {
+            b.batch_execute("BEGIN; SELECT 1").await.unwrap();
+        }
+        let rows = a.simple_query(&format!("EXECUTE p({i})")).await.unwrap();
+        match &rows[1] {
+            tokio_postgres::SimpleQueryMessage::Row(r) => {
+                assert_eq!(r.get(0), Some((i + 1).to_string().as_str()));
+                pids.insert(r.get(1).unwrap().to_string());
+            }
+            other => panic!("{other:?}"),
+        }
+        if holding {
+            b.batch_execute("COMMIT").await.unwrap();
+        }
+    }
+    assert_eq!(pids.len(), 2, "ran on both server connections: {pids:?}");
+    assert_eq!(pinned(&usher), 0);
+}
+
+/// DDL that changes a SQL-prepared statement's result type: outside a
+/// transaction block usher prepares it again and runs it, so the client
+/// gets the new shape instead of 0A000; inside one the error stands (the
+/// block is aborted), as directly, and the next use outside works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_sql_statement_is_prepared_again_and_retried_outside_a_block() {
+    let pg = PgCluster::shared();
+    let setup = "DROP TABLE IF EXISTS stale_sql; CREATE TABLE stale_sql (a int); \
+                 INSERT INTO stale_sql VALUES (1); GRANT ALL ON stale_sql TO alice";
+    pg.psql_super_db("app", setup);
+    let usher = Usher::start(
+        pg,
+        "pool_mode: transaction\npool_size: 1\nauth: { method: trust }\n",
+    )
+    .await;
+    let mut a = RawClient::connect(&usher).await;
+    assert_eq!(a.query("PREPARE s AS SELECT * FROM stale_sql").await, ok());
+    assert_eq!(a.query("EXECUTE s").await, (vec!["1".to_string()], None));
+    pg.psql_super_db("app", "ALTER TABLE stale_sql ALTER a TYPE text");
+    assert_eq!(
+        a.query("EXECUTE s").await,
+        (vec!["1".to_string()], None),
+        "retried after preparing it again"
+    );
+    pg.psql_super_db(
+        "app",
+        "ALTER TABLE stale_sql ALTER a TYPE bigint USING a::bigint",
+    );
+    // Inside a transaction block: the error, as directly.
+    assert_eq!(a.query("BEGIN").await, ok());
+    assert_eq!(a.query("EXECUTE s").await, failed("0A000"));
+    assert_eq!(a.query("ROLLBACK").await, ok());
+    assert_eq!(a.query("EXECUTE s").await, (vec!["1".to_string()], None));
 }

@@ -25,15 +25,15 @@
 //! [`ClientStep`] or [`ServerStep`] it returns. The unit tests below drive
 //! a flow with byte fixtures, as `protocol/frames.rs` is tested.
 
-use super::prepared::{self, Answer, ResponsePlan};
-use super::sql_scan::{self, Effects, PinKinds};
+use super::prepared::{self, Answer, Prepares, QueryRewrite, ResponsePlan, Segment};
+use super::sql_scan::{self, Effects, PinKinds, SqlPrepared};
 use crate::backend::PreparedSet;
 use crate::config::{Pinning, PoolMode};
 use crate::protocol::error::sqlstate;
 use crate::protocol::messages;
 use crate::protocol::tags::{backend, frontend, status};
 use crate::protocol::PgError;
-use bytes::{BufMut, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use std::collections::VecDeque;
 
 /// Server ErrorResponses up to this size are read whole for their SQLSTATE.
@@ -84,6 +84,12 @@ pub enum ServerStep {
     /// The server's error for a refused statement: send usher's
     /// ([`Flow::take_refusal`]) instead.
     SendRefusal,
+    /// The client's EXECUTE failed because its statement is stale, outside
+    /// a transaction block, with nothing sent after it: drop the error and
+    /// send the Query again ([`Flow::take_retry`], rewritten afresh; the
+    /// statement was renewed by the error's note), telling the flow
+    /// ([`Flow::query_rewritten`]).
+    Retry,
 }
 
 /// What a session does with its server connection at the end of a
@@ -171,6 +177,26 @@ pub struct Flow {
     refusal: Option<PgError>,
     syncs_sent: u64,
     ready_seen: u64,
+    /// Segments whose answers usher adjusts (SQL-level prepared
+    /// statements), oldest first; usually empty.
+    tracked: VecDeque<Tracked>,
+    /// The client's Query to send again (after [`ServerStep::Retry`]).
+    retry: Option<Bytes>,
+    /// SQL PREPAREs that failed: (the client's name, the statement id).
+    failed_prepares: Vec<(String, u64)>,
+}
+
+/// A segment being answered whose answers usher adjusts.
+#[derive(Debug)]
+struct Tracked {
+    /// The ReadyForQuery that ends it (counted from 1).
+    segment: u64,
+    plan: Segment,
+    /// Its DEALLOCATE / PREPARE of the statement completed.
+    deallocated: bool,
+    made: bool,
+    /// usher's own segment before it failed: drop its first error.
+    swallow_error: bool,
 }
 
 impl Flow {
@@ -201,6 +227,9 @@ impl Flow {
             refusal: None,
             syncs_sent: 0,
             ready_seen: 0,
+            tracked: VecDeque::new(),
+            retry: None,
+            failed_prepares: Vec::new(),
         }
     }
 
@@ -226,8 +255,16 @@ impl Flow {
 
     /// A client message (whole, or its head if it streams).
     pub fn client_message(&mut self, tag: u8, body: &[u8]) -> ClientStep {
+        let mut carried = false;
         let effects = match tag {
-            frontend::QUERY => Some(sql_scan::scan_query(body)),
+            frontend::QUERY => {
+                let mut effects = sql_scan::scan_query(body);
+                if let Some(command) = self.carried_query(body) {
+                    carried = true;
+                    self.carry_pins(command, &mut effects);
+                }
+                Some(effects)
+            }
             frontend::PARSE => Some(sql_scan::scan_parse(body)),
             frontend::BIND if !self.pinning_statements.is_empty() => {
                 self.bind_pins(body).map(|pins| Effects {
@@ -255,6 +292,11 @@ impl Flow {
         }
         let step = match tag {
             frontend::TERMINATE => return ClientStep::Terminate,
+            frontend::QUERY if carried && refused.is_none() => {
+                // Counted as it goes out (Flow::query_rewritten).
+                self.queries += 1;
+                ClientStep::Rewrite
+            }
             frontend::QUERY | frontend::SYNC | frontend::FUNCTION_CALL => {
                 self.queries += u64::from(tag == frontend::QUERY);
                 self.pending += 1;
@@ -307,6 +349,100 @@ impl Flow {
             }
             (None, None) => step,
         }
+    }
+
+    /// A Query usher carries as a statement about a prepared statement:
+    /// transaction mode with rewriting, read whole, and not in the middle
+    /// of an extended-protocol pipeline or COPY.
+    fn carried_query<'b>(&self, body: &'b [u8]) -> Option<SqlPrepared<'b>> {
+        if !self.rewriting || self.unsynced || self.copy_in {
+            return None;
+        }
+        sql_scan::prepared_command(body.strip_suffix(&[0])?)
+    }
+
+    /// A carried PREPARE pins nothing (the statement lives in usher); its
+    /// text's pins are those of each EXECUTE of it, as with a Bind of a
+    /// protocol-level statement; a DEALLOCATE forgets them.
+    fn carry_pins(&mut self, command: SqlPrepared<'_>, effects: &mut Effects) {
+        match command {
+            SqlPrepared::Prepare { name, .. } => {
+                let pins = effects
+                    .pins
+                    .without(PinKinds::SQL_PREPARE | PinKinds::UNKNOWN);
+                effects.pins = PinKinds::NONE;
+                if self.pinning != Pinning::Off && !pins.is_empty() {
+                    self.pinning_statements.retain(|(n, _)| *n != name);
+                    self.pinning_statements.push((name, pins));
+                }
+            }
+            SqlPrepared::Execute { name, .. } => {
+                for (_, pins) in self.pinning_statements.iter().filter(|(n, _)| *n == name) {
+                    effects.pins |= *pins;
+                }
+            }
+            SqlPrepared::Deallocate { name } => {
+                self.pinning_statements.retain(|(n, _)| *n != name);
+            }
+        }
+    }
+
+    /// A carried Query (the flow said [`ClientStep::Rewrite`]) went out as
+    /// `Rewriter::rewrite_query` made it: count its segments and track
+    /// what it asked for.
+    pub fn query_rewritten(&mut self, rewrite: QueryRewrite) {
+        if let Some(own) = rewrite.own {
+            self.segment_sent();
+            self.track(own);
+        }
+        self.segment_sent();
+        if let Some(error) = rewrite.refused {
+            self.refusals.push_back((self.syncs_sent, error));
+        }
+        self.track(rewrite.client);
+    }
+
+    fn segment_sent(&mut self) {
+        self.pending += 1;
+        self.unsynced = false;
+        self.plan.sync_sent();
+        self.syncs_sent += 1;
+    }
+
+    fn track(&mut self, plan: Segment) {
+        if plan == Segment::default() {
+            return;
+        }
+        self.tracked.push_back(Tracked {
+            segment: self.syncs_sent,
+            plan,
+            deallocated: false,
+            made: false,
+            swallow_error: false,
+        });
+    }
+
+    /// The server connection is known to be in a failed transaction block
+    /// (nothing is in flight and the last ReadyForQuery said 'E').
+    pub fn known_failed_block(&self) -> bool {
+        self.quiet() && self.status == status::FAILED
+    }
+
+    /// The client's Query to send again, after [`ServerStep::Retry`].
+    pub fn take_retry(&mut self) -> Option<Bytes> {
+        self.retry.take()
+    }
+
+    /// SQL PREPAREs that failed since last asked: (client name, statement
+    /// id), for the session to forget.
+    pub fn take_failed_prepares(&mut self) -> Vec<(String, u64)> {
+        std::mem::take(&mut self.failed_prepares)
+    }
+
+    /// The tracked segment being answered now, if any.
+    fn answering(&mut self) -> Option<&mut Tracked> {
+        let now = self.ready_seen + 1;
+        self.tracked.front_mut().filter(|t| t.segment == now)
     }
 
     /// What a Bind of a statement whose text pins pins (all such
@@ -509,6 +645,16 @@ impl Flow {
                 if self.rewriting {
                     self.plan.ready(prepared);
                 }
+                if self
+                    .tracked
+                    .front()
+                    .is_some_and(|t| t.segment <= self.ready_seen)
+                {
+                    let own = self.segment_answered(prepared);
+                    if own {
+                        return (ServerStep::Drop, None);
+                    }
+                }
                 if self.status == status::IDLE && self.pending == 0 {
                     note = Some(Note::TransactionDone);
                 }
@@ -526,6 +672,17 @@ impl Flow {
                 note = messages::parse_parameter_status(body)
                     .map(|(name, value)| Note::Parameter { name, value });
                 ServerStep::Forward
+            }
+            backend::COMMAND_COMPLETE if self.answering().is_some() => {
+                let t = self.answering().expect("a tracked segment");
+                t.made |= body == b"PREPARE\0";
+                t.deallocated |= body == b"DEALLOCATE\0";
+                if t.plan.drop_completes > 0 {
+                    t.plan.drop_completes -= 1;
+                    ServerStep::Drop
+                } else {
+                    ServerStep::Forward
+                }
             }
             backend::COMMAND_COMPLETE => {
                 let discard_all = body == b"DISCARD ALL\0";
@@ -546,7 +703,25 @@ impl Flow {
             }
             backend::ERROR_RESPONSE => {
                 self.server_fatal |= messages::error_is_fatal(body);
-                if self.refused_answered(body) {
+                let adjusted = if body.is_empty() {
+                    // Not read whole: it goes as it is.
+                    None
+                } else {
+                    self.tracked_error(body)
+                };
+                if let Some(step) = adjusted {
+                    let code = messages::error_code(body).unwrap_or_default();
+                    let stale = if step == ServerStep::Retry {
+                        self.plan.take_used()
+                    } else {
+                        Vec::new()
+                    };
+                    note = (step != ServerStep::Drop || !stale.is_empty()).then(|| Note::Error {
+                        code: code.to_vec(),
+                        stale,
+                    });
+                    step
+                } else if self.refused_answered(body) {
                     ServerStep::SendRefusal
                 } else {
                     let code = messages::error_code(body).unwrap_or_default();
@@ -565,6 +740,62 @@ impl Flow {
             _ => ServerStep::Forward,
         };
         (step, note)
+    }
+
+    /// A tracked segment's ReadyForQuery came: whether the statement it
+    /// PREPAREd is on the server now (a failed PREPARE: the client's name
+    /// is forgotten). Returns whether the segment was usher's own.
+    fn segment_answered(&mut self, prepared: &mut PreparedSet) -> bool {
+        let t = self.tracked.pop_front().expect("a tracked segment");
+        if let Some(Prepares {
+            id,
+            name,
+            after_deallocate,
+        }) = t.plan.prepares
+        {
+            // Untouched if neither ran (a failed block).
+            let present = t.made || (after_deallocate && !t.deallocated);
+            if !present {
+                prepared.pop(&id);
+            }
+            if let Some(name) = name.filter(|_| !t.made) {
+                self.failed_prepares.push((name, id));
+            }
+        }
+        t.plan.own
+    }
+
+    /// What to do with an error in a tracked segment, if it is not simply
+    /// forwarded: the error an EXECUTE gets after usher's own PREPARE of
+    /// its statement failed (the client sees that one), or a stale
+    /// statement's error that can be retried. A retry is safe when the
+    /// EXECUTE ran outside a transaction block (the last ReadyForQuery said
+    /// 'I', and a Query holding one statement is a transaction of its own,
+    /// rolled back by the error: nothing of it happened) and nothing the
+    /// client sent after it has gone out (the answers stay in order).
+    fn tracked_error(&mut self, body: &[u8]) -> Option<ServerStep> {
+        let (idle, syncs_sent, unsynced) =
+            (self.status == status::IDLE, self.syncs_sent, self.unsynced);
+        let t = self.answering()?;
+        if t.swallow_error {
+            t.swallow_error = false;
+            return Some(ServerStep::Drop);
+        }
+        if t.plan.own {
+            let next = t.segment + 1;
+            if let Some(client) = self.tracked.iter_mut().find(|t| t.segment == next) {
+                client.swallow_error = true;
+            }
+            return None;
+        }
+        let stale = messages::error_code(body) == Some(STALE_STATEMENT);
+        if stale && t.plan.retry.is_some() && idle && syncs_sent == t.segment && !unsynced {
+            // Its ReadyForQuery is dropped; the retry is the client's now.
+            t.plan.own = true;
+            self.retry = t.plan.retry.take();
+            return Some(ServerStep::Retry);
+        }
+        None
     }
 
     /// An ErrorResponse is the server's answer to a refused message's
@@ -655,6 +886,8 @@ impl Flow {
     /// The server connection went back: what is owed for it is forgotten.
     pub fn released(&mut self) {
         self.plan = ResponsePlan::default();
+        self.tracked.clear();
+        self.retry = None;
     }
 }
 

@@ -16,7 +16,18 @@
 //! that does not exist stands in for it, to keep the answers in order).
 //! After an error the server skips to the next Sync, so answers still owed
 //! for an earlier Sync are forgotten at each ReadyForQuery.
+//!
+//! SQL-level statements (a Query holding one `PREPARE name ... AS`,
+//! `EXECUTE name`, `EXPLAIN ... EXECUTE name` or `DEALLOCATE name`,
+//! `sql_scan::prepared_command`) are carried the same way:
+//! [`Rewriter::rewrite_query`] rewrites the client's name to usher's,
+//! prepares the statement first (a Query of its own, or a Parse + Sync for
+//! a protocol-level one) where the server connection lacks it, and
+//! answers a DEALLOCATE with a stand-in; what it did is a [`QueryRewrite`]
+//! the flow tracks (answers to drop, the PREPARE to confirm, a stale
+//! EXECUTE to run again).
 
+use super::sql_scan::{self, SqlPrepared};
 use crate::backend::PreparedSet;
 use crate::protocol::tags::{backend, frontend, target};
 use crate::protocol::PgError;
@@ -28,6 +39,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A statement name no server connection ever holds.
 const ABSENT_STATEMENT: &str = "usher_absent";
+
+/// What stands in for a client's `DEALLOCATE name` of a statement usher
+/// carries: the server answers it `DEALLOCATE` (after a `PREPARE` usher
+/// drops) and keeps nothing, whatever the transaction state.
+const DEALLOCATE_STAND_IN: &str = "PREPARE usher_deallocate AS SELECT; DEALLOCATE usher_deallocate";
+
+/// The SQLSTATE of "prepared statement ... already exists".
+const DUPLICATE_PREPARED_STATEMENT: &str = "42P05";
 
 /// Distinct statements the registry remembers at most; past it, it starts
 /// over (statements already prepared keep their names; new Parses of the
@@ -92,12 +111,24 @@ pub fn server_name(id: u64) -> String {
     format!("usher_{id}")
 }
 
+/// How the client prepared a statement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// A Parse message.
+    Protocol,
+    /// A SQL `PREPARE`.
+    Sql,
+}
+
 /// A client's named statement.
 #[derive(Debug, Clone)]
 struct Statement {
     id: u64,
-    /// The Parse body after the name: query text, NUL, parameter types.
+    /// Protocol: the Parse body after the name (query text, NUL, parameter
+    /// types). SQL: the PREPARE text after the name (`[(types)] AS ...`;
+    /// never a NUL, so never the same key as a Parse's).
     definition: Bytes,
+    kind: Kind,
 }
 
 /// The named statements one client has prepared.
@@ -120,6 +151,19 @@ impl ClientStatements {
             if stale.contains(&stmt.id) {
                 stmt.id = registry.renew(&stmt.definition, stmt.id);
             }
+        }
+    }
+
+    /// A SQL PREPARE of `name` (as statement `id`) failed on the server:
+    /// the client has no such statement (unless it prepared the name again
+    /// since).
+    pub fn forget_failed(&mut self, name: &str, id: u64) {
+        if self
+            .by_name
+            .get(name)
+            .is_some_and(|s| s.id == id && s.kind == Kind::Sql)
+        {
+            self.by_name.remove(name);
         }
     }
 
@@ -273,6 +317,7 @@ impl Rewriter<'_> {
                     Statement {
                         id,
                         definition: definition.clone(),
+                        kind: Kind::Protocol,
                     },
                 );
                 if self.prepared.get(&id).is_some() {
@@ -309,6 +354,133 @@ impl Rewriter<'_> {
             _ => unreachable!("needs_rewrite admits only P, B, D and C"),
         }
         Ok(())
+    }
+
+    /// Rewrites a client's Query (its whole body) that the flow found to be
+    /// a statement about a prepared statement
+    /// (`sql_scan::prepared_command`), appending what to send to `out`,
+    /// unless it is refused ([`QueryRewrite::refused`]: the caller sends the
+    /// refusal's stand-in). `failed_block`: the server connection is known
+    /// to be in a failed transaction block (every statement fails there
+    /// with 25P02 before names are looked at). `may_retry`: an EXECUTE may
+    /// be run again if its statement is stale (not for a retry).
+    pub fn rewrite_query(
+        &mut self,
+        body: &[u8],
+        failed_block: bool,
+        may_retry: bool,
+        out: &mut BytesMut,
+    ) -> QueryRewrite {
+        let mut r = QueryRewrite::default();
+        let text = body.strip_suffix(&[0]).unwrap_or(body);
+        match sql_scan::prepared_command(text) {
+            Some(SqlPrepared::Prepare { name, rest }) => {
+                if self.statements.by_name.contains_key(&name) {
+                    r.refused = Some(PgError::error(
+                        DUPLICATE_PREPARED_STATEMENT,
+                        format!("prepared statement \"{name}\" already exists"),
+                    ));
+                    return r;
+                }
+                let definition = Bytes::copy_from_slice(rest);
+                let id = self.registry.id_for(&definition);
+                let server = server_name(id);
+                // On a connection that has it, it is prepared again (the
+                // text is checked now, as directly).
+                let after_deallocate = self.prepared.get(&id).is_some();
+                let start = begin(out, frontend::QUERY);
+                if after_deallocate {
+                    out.put_slice(format!("DEALLOCATE {server}; ").as_bytes());
+                    r.client.drop_completes = 1;
+                } else {
+                    self.prepared.put(id, ());
+                }
+                out.put_slice(format!("PREPARE {server}").as_bytes());
+                out.put_slice(rest);
+                out.put_u8(0);
+                finish(out, start);
+                self.statements.by_name.insert(
+                    name.clone(),
+                    Statement {
+                        id,
+                        definition,
+                        kind: Kind::Sql,
+                    },
+                );
+                r.client.prepares = Some(Prepares {
+                    id,
+                    name: Some(name),
+                    after_deallocate,
+                });
+            }
+            Some(SqlPrepared::Execute {
+                name,
+                before,
+                after,
+            }) if self.statements.by_name.contains_key(&name) => {
+                let stmt = self.statements.by_name[&name].clone();
+                if self.prepared.get(&stmt.id).is_none() {
+                    // Prepared first, in a segment of usher's own (so that
+                    // the server's record of the statement's text holds no
+                    // argument of this EXECUTE).
+                    let mut own = Segment {
+                        own: true,
+                        ..Segment::default()
+                    };
+                    match stmt.kind {
+                        Kind::Sql => {
+                            let start = begin(out, frontend::QUERY);
+                            out.put_slice(format!("PREPARE {}", server_name(stmt.id)).as_bytes());
+                            out.put_slice(&stmt.definition);
+                            out.put_u8(0);
+                            finish(out, start);
+                            self.prepared.put(stmt.id, ());
+                            own.drop_completes = 1;
+                            own.prepares = Some(Prepares {
+                                id: stmt.id,
+                                name: None,
+                                after_deallocate: false,
+                            });
+                        }
+                        Kind::Protocol => {
+                            self.parse_on_server(stmt.id, &stmt.definition, false, out);
+                            out.put_slice(&[frontend::SYNC, 0, 0, 0, 4]);
+                        }
+                    }
+                    r.own = Some(own);
+                }
+                if !self.plan.used.contains(&stmt.id) {
+                    self.plan.used.push(stmt.id);
+                }
+                let start = begin(out, frontend::QUERY);
+                out.put_slice(before);
+                out.put_slice(server_name(stmt.id).as_bytes());
+                out.put_slice(after);
+                out.put_u8(0);
+                finish(out, start);
+                if may_retry {
+                    r.client.retry = Some(Bytes::copy_from_slice(body));
+                }
+            }
+            Some(SqlPrepared::Deallocate { name })
+                if !failed_block && self.statements.by_name.contains_key(&name) =>
+            {
+                self.statements.by_name.remove(&name);
+                let start = begin(out, frontend::QUERY);
+                out.put_slice(DEALLOCATE_STAND_IN.as_bytes());
+                out.put_u8(0);
+                finish(out, start);
+                r.client.drop_completes = 1;
+            }
+            _ => {
+                // Not one of the client's statements (or in a failed
+                // block): the server answers as it would directly.
+                let start = begin(out, frontend::QUERY);
+                out.put_slice(body);
+                finish(out, start);
+            }
+        }
+        r
     }
 
     /// Writes the start of a Bind of the client's statement `name`: a
@@ -348,6 +520,44 @@ impl Rewriter<'_> {
         self.prepared.put(id, ());
         self.plan.expect(Expect::Prepared { id, forward });
     }
+}
+
+/// What [`Rewriter::rewrite_query`] did with a client's Query, for the
+/// flow to track its answers.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct QueryRewrite {
+    /// usher's own segment, sent before the client's Query (a PREPARE
+    /// Query, or a Parse + Sync): its answers are dropped, and when it
+    /// fails, so is the error the client's Query then gets.
+    pub own: Option<Segment>,
+    /// The client's Query as it went.
+    pub client: Segment,
+    /// Refused with this error: the refusal's stand-in goes in its place.
+    pub refused: Option<PgError>,
+}
+
+/// One Sync segment (a Query, or usher's Parse + Sync) whose answers the
+/// flow adjusts.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Segment {
+    /// usher's own: its ReadyForQuery is dropped too.
+    pub own: bool,
+    /// Its first CommandCompletes are usher's (dropped).
+    pub drop_completes: u32,
+    /// It PREPAREs a server statement.
+    pub prepares: Option<Prepares>,
+    /// The client's Query, to run again if its statement turns out stale.
+    pub retry: Option<Bytes>,
+}
+
+/// A PREPARE of server statement `id` in a segment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prepares {
+    pub id: u64,
+    /// The client's name for it (forgotten if the PREPARE fails).
+    pub name: Option<String>,
+    /// A `DEALLOCATE` of it comes first (the connection had it).
+    pub after_deallocate: bool,
 }
 
 fn split_cstr(body: &[u8]) -> Result<(&str, &[u8]), PgError> {

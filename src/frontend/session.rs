@@ -614,6 +614,29 @@ impl Session {
                     stats.received(message.len() as u64);
                     self.received += message.len() as u64;
                 }
+                Some((frontend::QUERY, _)) => {
+                    // A statement about a prepared statement (SQL level).
+                    let len = u32::from_be_bytes(fwd.in_buf[1..5].try_into().unwrap()) as usize;
+                    let message = fwd.in_buf.split_to(1 + len);
+                    let failed_block = fwd.flow.known_failed_block();
+                    let checkout = fwd.held.as_mut().expect("a server connection is held");
+                    let mut out = BytesMut::with_capacity(message.len() + 64);
+                    let rewrite = Rewriter {
+                        registry: &self.deps.statements,
+                        statements: &mut self.statements,
+                        prepared: checkout.conn.prepared_mut(),
+                        plan: fwd.flow.plan_mut(),
+                    }
+                    .rewrite_query(&message[5..], failed_block, true, &mut out);
+                    if rewrite.refused.is_some() {
+                        out = flow::refused_message(frontend::QUERY, &message[5..]);
+                    }
+                    queue_for_server(&mut fwd.to_server, out);
+                    fwd.flow.query_rewritten(rewrite);
+                    self.handle.set_prepared(self.statements.len());
+                    stats.received(message.len() as u64);
+                    self.received += message.len() as u64;
+                }
                 Some((tag, _)) => {
                     let len = u32::from_be_bytes(fwd.in_buf[1..5].try_into().unwrap()) as usize;
                     let checkout = fwd.held.as_mut().expect("a server connection is held");
@@ -693,6 +716,9 @@ impl Session {
             for note in fwd.notes.drain(..) {
                 self.record(note, server);
             }
+            for (name, id) in fwd.flow.take_failed_prepares() {
+                self.statements.forget_failed(&name, id);
+            }
             if walked.forward > 0 {
                 let chunk = fwd.out_buf.split_to(walked.forward);
                 self.pool.stats.sent(chunk.len() as u64);
@@ -716,6 +742,24 @@ impl Session {
                             if let Some(e) = fwd.flow.take_refusal() {
                                 metrics::count_error(ErrorSource::Usher, e.code.as_bytes());
                                 e.encode(&mut out);
+                            }
+                        }
+                        ServerStep::Retry => {
+                            // The stale statement was renewed (the error's
+                            // note): the EXECUTE goes again, prepared afresh.
+                            if let Some(body) = fwd.flow.take_retry() {
+                                let checkout =
+                                    fwd.held.as_mut().expect("a server connection is held");
+                                let mut again = BytesMut::with_capacity(body.len() + 64);
+                                let rewrite = Rewriter {
+                                    registry: &self.deps.statements,
+                                    statements: &mut self.statements,
+                                    prepared: checkout.conn.prepared_mut(),
+                                    plan: fwd.flow.plan_mut(),
+                                }
+                                .rewrite_query(&body, false, false, &mut again);
+                                queue_for_server(&mut fwd.to_server, again);
+                                fwd.flow.query_rewritten(rewrite);
                             }
                         }
                         _ => {}

@@ -977,7 +977,7 @@ pub fn refused_message(tag: u8, body: &[u8]) -> BytesMut {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::frontend::prepared::{ClientStatements, Rewriter, StatementRegistry};
+    use crate::frontend::prepared::{self, ClientStatements, Rewriter, StatementRegistry};
     use crate::protocol::frames::{FrameWalker, Visit};
     use bytes::BytesMut;
 
@@ -1063,6 +1063,7 @@ mod tests {
                             ServerStep::Drop
                                 | ServerStep::SendParseComplete
                                 | ServerStep::SendRefusal
+                                | ServerStep::Retry
                         )
                     })
                 {
@@ -1668,5 +1669,380 @@ mod tests {
             ready(status::IDLE),
         ]));
         assert!(h.flow.pinning_statements.is_empty());
+    }
+
+    /// A client's carried Query through the flow and the rewriter, as the
+    /// serve loop does it: the bytes that go to the server.
+    fn carried(
+        h: &mut Harness,
+        registry: &StatementRegistry,
+        statements: &mut ClientStatements,
+        sql: &str,
+    ) -> Vec<u8> {
+        let message = query(sql);
+        assert_eq!(h.client(&message), [ClientStep::Rewrite], "{sql}");
+        let failed_block = h.flow.known_failed_block();
+        let mut out = BytesMut::new();
+        let rewrite = Rewriter {
+            registry,
+            statements,
+            prepared: &mut h.prepared,
+            plan: h.flow.plan_mut(),
+        }
+        .rewrite_query(&message[5..], failed_block, true, &mut out);
+        if rewrite.refused.is_some() {
+            out = refused_message(frontend::QUERY, &message[5..]);
+        }
+        h.flow.query_rewritten(rewrite);
+        out.to_vec()
+    }
+
+    /// The Query texts in bytes sent to the server (and 'P'/'S' for a Parse
+    /// or a Sync).
+    fn texts(bytes: &[u8]) -> Vec<String> {
+        let mut out = vec![];
+        let mut at = 0;
+        while at < bytes.len() {
+            let len = u32::from_be_bytes(bytes[at + 1..at + 5].try_into().unwrap()) as usize;
+            let body = &bytes[at + 5..at + 1 + len];
+            out.push(match bytes[at] {
+                frontend::QUERY => String::from_utf8_lossy(&body[..body.len() - 1]).into_owned(),
+                other => (other as char).to_string(),
+            });
+            at += 1 + len;
+        }
+        out
+    }
+
+    fn error(code: &str) -> Vec<u8> {
+        msg(
+            backend::ERROR_RESPONSE,
+            format!("SERROR\0C{code}\0Mit failed\0\0").as_bytes(),
+        )
+    }
+
+    /// SQL PREPARE / EXECUTE / DEALLOCATE in one Query: carried under
+    /// usher's name, nothing pins; an EXECUTE on a connection without the
+    /// statement prepares it first in a segment of usher's own whose
+    /// answers the client never sees.
+    #[test]
+    fn sql_prepared_statements_are_carried_without_pinning() {
+        let registry = StatementRegistry::default();
+        let mut statements = ClientStatements::default();
+        let mut h = Harness::new(PoolMode::Transaction, true);
+        let out = carried(
+            &mut h,
+            &registry,
+            &mut statements,
+            "PREPARE q (int) AS SELECT $1",
+        );
+        assert_eq!(texts(&out), ["PREPARE usher_1 (int) AS SELECT $1"]);
+        let got = h.server(&cat(&[complete("PREPARE"), ready(status::IDLE)]));
+        assert_eq!(steps(&got), [Forward, ForwardThenRelease]);
+        assert_eq!(h.flow.transaction_end(), PinStep::Release, "no pin");
+        h.flow.released();
+        assert_eq!(statements.len(), 1);
+        // The same connection: EXECUTE under usher's name.
+        let out = carried(&mut h, &registry, &mut statements, "EXECUTE q(1)");
+        assert_eq!(texts(&out), ["EXECUTE usher_1(1)"]);
+        let rows = cat(&[
+            msg(backend::ROW_DESCRIPTION, b"..."),
+            msg(backend::DATA_ROW, b"..."),
+            complete("SELECT 1"),
+            ready(status::IDLE),
+        ]);
+        assert_eq!(
+            steps(&h.server(&rows)),
+            [Forward, Forward, Forward, ForwardThenRelease]
+        );
+        h.flow.released();
+        // Another connection: PREPARE first, its answers dropped.
+        h.prepared.clear();
+        let out = carried(&mut h, &registry, &mut statements, "EXECUTE q (2)");
+        assert_eq!(
+            texts(&out),
+            ["PREPARE usher_1 (int) AS SELECT $1", "EXECUTE usher_1 (2)"]
+        );
+        assert_eq!(h.flow.pending(), 2);
+        let got = h.server(&cat(&[
+            complete("PREPARE"),
+            ready(status::IDLE),
+            rows.clone(),
+        ]));
+        assert_eq!(
+            steps(&got),
+            [
+                ServerStep::Drop,
+                ServerStep::Drop,
+                Forward,
+                Forward,
+                Forward,
+                ForwardThenRelease
+            ]
+        );
+        assert!(h.prepared.contains(&1));
+        h.flow.released();
+        // If that PREPARE fails, the client sees its error once.
+        h.prepared.clear();
+        carried(&mut h, &registry, &mut statements, "EXECUTE q(3)");
+        let got = h.server(&cat(&[
+            error("42P01"),
+            ready(status::IDLE),
+            error("26000"),
+            ready(status::IDLE),
+        ]));
+        assert_eq!(
+            steps(&got),
+            [
+                Forward,
+                ServerStep::Drop,
+                ServerStep::Drop,
+                ForwardThenRelease
+            ]
+        );
+        assert!(!h.prepared.contains(&1), "not on the server");
+        h.flow.released();
+        // A new text; then q's text under another name, on a connection
+        // that has it: the same server statement, prepared again.
+        let out = carried(
+            &mut h,
+            &registry,
+            &mut statements,
+            "prepare r(int) as select $1",
+        );
+        assert_eq!(texts(&out), ["PREPARE usher_2(int) as select $1"]);
+        h.prepared.put(1, ());
+        let out = carried(
+            &mut h,
+            &registry,
+            &mut statements,
+            "PREPARE s (int) AS SELECT $1",
+        );
+        assert_eq!(
+            texts(&out),
+            ["DEALLOCATE usher_1; PREPARE usher_1 (int) AS SELECT $1"]
+        );
+        let got = h.server(&cat(&[
+            complete("PREPARE"),
+            ready(status::IDLE),
+            complete("DEALLOCATE"),
+            complete("PREPARE"),
+            ready(status::IDLE),
+        ]));
+        assert_eq!(
+            steps(&got),
+            [
+                Forward,
+                Forward,
+                ServerStep::Drop,
+                Forward,
+                ForwardThenRelease
+            ]
+        );
+        assert!(h.prepared.contains(&1) && h.prepared.contains(&2));
+        // DEALLOCATE of a known name: a stand-in answers DEALLOCATE.
+        let out = carried(&mut h, &registry, &mut statements, "DEALLOCATE r");
+        assert_eq!(texts(&out), [prepared::DEALLOCATE_STAND_IN]);
+        let got = h.server(&cat(&[
+            complete("PREPARE"),
+            complete("DEALLOCATE"),
+            ready(status::IDLE),
+        ]));
+        assert_eq!(steps(&got), [ServerStep::Drop, Forward, ForwardThenRelease]);
+        assert_eq!(statements.len(), 2, "q and s are left");
+        // A name the client does not have goes as it is.
+        let out = carried(&mut h, &registry, &mut statements, "DEALLOCATE r");
+        assert_eq!(texts(&out), ["DEALLOCATE r"]);
+        h.server(&cat(&[error("26000"), ready(status::IDLE)]));
+        let out = carried(&mut h, &registry, &mut statements, "EXECUTE nope");
+        assert_eq!(texts(&out), ["EXECUTE nope"]);
+        h.server(&cat(&[error("26000"), ready(status::IDLE)]));
+        assert_eq!(h.flow.transaction_end(), PinStep::Release);
+    }
+
+    #[test]
+    fn a_failed_sql_prepare_leaves_no_name_and_a_second_one_is_refused() {
+        let registry = StatementRegistry::default();
+        let mut statements = ClientStatements::default();
+        let mut h = Harness::new(PoolMode::Transaction, true);
+        carried(
+            &mut h,
+            &registry,
+            &mut statements,
+            "PREPARE bad AS SELECT * FROM nothing",
+        );
+        h.server(&cat(&[error("42P01"), ready(status::IDLE)]));
+        for (name, id) in h.flow.take_failed_prepares() {
+            statements.forget_failed(&name, id);
+        }
+        assert!(statements.is_empty() && h.prepared.is_empty());
+        h.flow.released();
+        carried(&mut h, &registry, &mut statements, "PREPARE q AS SELECT 1");
+        h.server(&cat(&[complete("PREPARE"), ready(status::IDLE)]));
+        assert!(h.flow.take_failed_prepares().is_empty());
+        h.flow.released();
+        // The name again: 42P05 as PostgreSQL says, by a stand-in.
+        let out = carried(&mut h, &registry, &mut statements, "PREPARE q AS SELECT 2");
+        assert!(String::from_utf8_lossy(&out).contains(REFUSED_MARKER));
+        let got = h.server(&cat(&[
+            msg(
+                backend::ERROR_RESPONSE,
+                format!("SERROR\0C42703\0Mcolumn \"{REFUSED_MARKER}\" does not exist\0\0")
+                    .as_bytes(),
+            ),
+            ready(status::IDLE),
+        ]));
+        assert_eq!(steps(&got), [ServerStep::SendRefusal, ForwardThenRelease]);
+        assert_eq!(h.flow.take_refusal().unwrap().code, "42P05");
+        // In a failed block a DEALLOCATE goes as it is (25P02; kept).
+        h.client(&query("BEGIN"));
+        h.server(&cat(&[complete("BEGIN"), ready(status::IN_TRANSACTION)]));
+        h.client(&query("SELECT 1/0"));
+        h.server(&cat(&[error("22012"), ready(status::FAILED)]));
+        let out = carried(&mut h, &registry, &mut statements, "DEALLOCATE q");
+        assert_eq!(texts(&out), ["DEALLOCATE q"]);
+        h.server(&cat(&[error("25P02"), ready(status::FAILED)]));
+        assert_eq!(statements.len(), 1);
+        // A PREPARE there fails before it does anything: the connection
+        // keeps the statement it had, the client gets no name.
+        let id = 3; // bad was 1, q 2
+        h.prepared.put(id, ());
+        let out = carried(&mut h, &registry, &mut statements, "PREPARE p AS SELECT 9");
+        assert_eq!(
+            texts(&out),
+            ["DEALLOCATE usher_3; PREPARE usher_3 AS SELECT 9"]
+        );
+        h.server(&cat(&[error("25P02"), ready(status::FAILED)]));
+        assert!(
+            h.prepared.contains(&id),
+            "the DEALLOCATE did not run either"
+        );
+        for (name, id) in h.flow.take_failed_prepares() {
+            statements.forget_failed(&name, id);
+        }
+        assert_eq!(statements.len(), 1, "p is not the client's");
+    }
+
+    #[test]
+    fn a_stale_sql_execute_is_retried_only_outside_a_block_and_last() {
+        let registry = StatementRegistry::default();
+        let mut statements = ClientStatements::default();
+        let mut h = Harness::new(PoolMode::Transaction, true);
+        carried(
+            &mut h,
+            &registry,
+            &mut statements,
+            "PREPARE s AS SELECT * FROM t",
+        );
+        h.server(&cat(&[complete("PREPARE"), ready(status::IDLE)]));
+        h.flow.released();
+        carried(&mut h, &registry, &mut statements, "EXECUTE s");
+        let got = h.server(&cat(&[error("0A000"), ready(status::IDLE)]));
+        assert_eq!(steps(&got), [ServerStep::Retry, ServerStep::Drop]);
+        assert_eq!(
+            got[0].1,
+            Some(Note::Error {
+                code: b"0A000".to_vec(),
+                stale: vec![1]
+            }),
+            "the statement is renewed before the retry"
+        );
+        statements.renew(&[1], &registry);
+        let body = h.flow.take_retry().expect("the client's Query");
+        assert_eq!(&body[..], b"EXECUTE s\0");
+        let mut out = BytesMut::new();
+        let rewrite = Rewriter {
+            registry: &registry,
+            statements: &mut statements,
+            prepared: &mut h.prepared,
+            plan: h.flow.plan_mut(),
+        }
+        .rewrite_query(&body, false, false, &mut out);
+        assert_eq!(
+            texts(&out),
+            ["PREPARE usher_2 AS SELECT * FROM t", "EXECUTE usher_2"]
+        );
+        h.flow.query_rewritten(rewrite);
+        let got = h.server(&cat(&[
+            complete("PREPARE"),
+            ready(status::IDLE),
+            complete("SELECT 0"),
+            ready(status::IDLE),
+        ]));
+        assert_eq!(
+            steps(&got),
+            [
+                ServerStep::Drop,
+                ServerStep::Drop,
+                Forward,
+                ForwardThenRelease
+            ]
+        );
+        h.flow.released();
+        // Inside a block: the error stands (and a retry's failure too).
+        h.client(&query("BEGIN"));
+        h.server(&cat(&[complete("BEGIN"), ready(status::IN_TRANSACTION)]));
+        carried(&mut h, &registry, &mut statements, "EXECUTE s");
+        let got = h.server(&cat(&[error("0A000"), ready(status::FAILED)]));
+        assert_eq!(steps(&got), [Forward, Forward]);
+        assert!(h.flow.take_retry().is_none());
+        h.client(&query("ROLLBACK"));
+        h.server(&cat(&[complete("ROLLBACK"), ready(status::IDLE)]));
+        h.flow.released();
+        // Outside one, but with another Query sent after it: not retried.
+        carried(&mut h, &registry, &mut statements, "EXECUTE s");
+        h.client(&query("SELECT 1"));
+        let got = h.server(&cat(&[error("0A000"), ready(status::IDLE)]));
+        assert_eq!(steps(&got), [Forward, Forward]);
+    }
+
+    #[test]
+    fn what_usher_does_not_carry_still_pins() {
+        let mut h = Harness::new(PoolMode::Transaction, true);
+        // Several statements in one Query: the server gets the client's name.
+        assert_eq!(
+            h.client(&query("PREPARE a AS SELECT 1; EXECUTE a")),
+            [ClientStep::Pin]
+        );
+        h.flow.slot_taken();
+        assert_eq!(
+            h.client(&query("PREPARE a AS SELECT 1; EXECUTE a")),
+            [ClientStep::Forward]
+        );
+        h.server(&cat(&[
+            complete("PREPARE"),
+            complete("SELECT 1"),
+            ready(status::IDLE),
+        ]));
+        assert_eq!(h.flow.transaction_end(), PinStep::Keep);
+        // After an unsynced extended message: not carried either.
+        let mut h = Harness::new(PoolMode::Transaction, true);
+        h.flow.slot_taken();
+        let steps = h.client(&cat(&[
+            msg(frontend::PARSE, b"\0select 1\0\0\0"),
+            query("PREPARE b AS SELECT 1"),
+        ]));
+        assert_eq!(steps, [ClientStep::Forward, ClientStep::Forward]);
+        // Without rewriting (prepared_statements: 0) PREPARE pins as before.
+        let mut h = Harness::new(PoolMode::Transaction, false);
+        assert_eq!(h.client(&query("PREPARE c AS SELECT 1")), [ClientStep::Pin]);
+        // A carried PREPARE of a text that pins pins at its EXECUTE.
+        let registry = StatementRegistry::default();
+        let mut statements = ClientStatements::default();
+        let mut h = Harness::new(PoolMode::Transaction, true);
+        carried(
+            &mut h,
+            &registry,
+            &mut statements,
+            "PREPARE l AS SELECT pg_advisory_lock(1)",
+        );
+        h.server(&cat(&[complete("PREPARE"), ready(status::IDLE)]));
+        assert_eq!(h.flow.transaction_end(), PinStep::Release);
+        h.flow.released();
+        assert_eq!(h.client(&query("EXECUTE l")), [ClientStep::Pin]);
+        h.flow.slot_taken();
+        carried(&mut h, &registry, &mut statements, "EXECUTE l");
+        h.server(&cat(&[complete("SELECT 1"), ready(status::IDLE)]));
+        assert_eq!(h.flow.transaction_end(), PinStep::Keep);
     }
 }

@@ -43,7 +43,8 @@ const ABSENT_STATEMENT: &str = "usher_absent";
 /// What stands in for a client's `DEALLOCATE name` of a statement usher
 /// carries: the server answers it `DEALLOCATE` (after a `PREPARE` usher
 /// drops) and keeps nothing, whatever the transaction state.
-const DEALLOCATE_STAND_IN: &str = "PREPARE usher_deallocate AS SELECT; DEALLOCATE usher_deallocate";
+pub(crate) const DEALLOCATE_STAND_IN: &str =
+    "PREPARE usher_deallocate AS SELECT; DEALLOCATE usher_deallocate";
 
 /// The SQLSTATE of "prepared statement ... already exists".
 const DUPLICATE_PREPARED_STATEMENT: &str = "42P05";
@@ -503,6 +504,12 @@ impl Rewriter<'_> {
         let Some(stmt) = self.statements.by_name.get(name).cloned() else {
             return name.to_string();
         };
+        if self.prepared.get(&stmt.id).is_none() && stmt.kind == Kind::Sql {
+            // A SQL-prepared statement has no Parse form (its parameter
+            // types are names): bound at the protocol level, it works only
+            // where the connection has it; elsewhere the server says 26000.
+            return name.to_string();
+        }
         if self.prepared.get(&stmt.id).is_none() {
             self.parse_on_server(stmt.id, &stmt.definition, false, out);
         }
@@ -650,5 +657,95 @@ mod tests {
         assert_eq!(r.id_for(def), new, "a later Parse gets the new id");
         theirs.renew(&used, &r);
         assert_eq!(theirs.by_name["s"].id, new, "renewed once, shared again");
+    }
+
+    /// The messages in `out`: (tag, body).
+    fn messages(out: &[u8]) -> Vec<(u8, Vec<u8>)> {
+        let mut list = vec![];
+        let mut at = 0;
+        while at < out.len() {
+            let len = u32::from_be_bytes(out[at + 1..at + 5].try_into().unwrap()) as usize;
+            list.push((out[at], out[at + 5..at + 1 + len].to_vec()));
+            at += 1 + len;
+        }
+        list
+    }
+
+    #[test]
+    fn sql_and_protocol_statements_share_the_clients_names() {
+        let r = StatementRegistry::default();
+        let mut plan = ResponsePlan::default();
+        let mut prepared = PreparedSet::unbounded();
+        let mut mine = ClientStatements::default();
+        let mut w = Rewriter {
+            registry: &r,
+            statements: &mut mine,
+            prepared: &mut prepared,
+            plan: &mut plan,
+        };
+        let mut out = BytesMut::new();
+        // A protocol-level statement EXECUTEd in SQL on a connection that
+        // lacks it: a Parse + Sync of usher's own first.
+        w.rewrite(frontend::PARSE, b"p\0select 1\0\0\0", &mut out)
+            .unwrap();
+        w.prepared.clear();
+        out.clear();
+        let rewrite = w.rewrite_query(b"EXECUTE p\0", false, true, &mut out);
+        let sent = messages(&out);
+        assert_eq!(
+            sent.iter().map(|(t, _)| *t).collect::<Vec<_>>(),
+            [frontend::PARSE, frontend::SYNC, frontend::QUERY]
+        );
+        assert_eq!(sent[0].1, b"usher_1\0select 1\0\0\0");
+        assert_eq!(sent[2].1, b"EXECUTE usher_1\0");
+        assert!(rewrite
+            .own
+            .as_ref()
+            .is_some_and(|o| o.own && o.prepares.is_none()));
+        assert_eq!(rewrite.client.retry.as_deref(), Some(&b"EXECUTE p\0"[..]));
+        // A SQL statement is not a Parse's: the same text is another one.
+        out.clear();
+        let rewrite = w.rewrite_query(b"PREPARE s AS select 1\0", false, true, &mut out);
+        assert_eq!(messages(&out)[0].1, b"PREPARE usher_2 AS select 1\0");
+        assert_eq!(
+            rewrite.client.prepares,
+            Some(Prepares {
+                id: 2,
+                name: Some("s".into()),
+                after_deallocate: false
+            })
+        );
+        // Bound at the protocol level, it is usher's name where the
+        // connection has it, the client's (26000) where it does not.
+        out.clear();
+        w.rewrite_bind_head("", "s", 4, &mut out);
+        assert!(out.windows(8).any(|x| x == b"usher_2\0"));
+        w.prepared.clear();
+        out.clear();
+        w.rewrite_bind_head("", "s", 4, &mut out);
+        assert_eq!(
+            messages(&[&out[..], &[0u8; 4][..]].concat())[0].0,
+            frontend::BIND
+        );
+        assert!(out.windows(3).any(|x| x == b"\0s\0"));
+        // DEALLOCATE forgets either kind; a name it does not have goes on.
+        for name in ["p", "s"] {
+            out.clear();
+            let rewrite = w.rewrite_query(
+                format!("DEALLOCATE {name}\0").as_bytes(),
+                false,
+                true,
+                &mut out,
+            );
+            assert_eq!(rewrite.client.drop_completes, 1, "{name}");
+        }
+        assert!(w.statements.is_empty());
+        out.clear();
+        let rewrite = w.rewrite_query(b"DEALLOCATE p\0", false, true, &mut out);
+        assert_eq!(rewrite, QueryRewrite::default());
+        assert_eq!(
+            messages(&out),
+            [(frontend::QUERY, b"DEALLOCATE p\0".to_vec())]
+        );
     }
 }

@@ -515,6 +515,40 @@ async fn sql_deallocate_forgets_a_protocol_level_statement() {
     assert_eq!(a.query("ROLLBACK").await, ok());
     assert_eq!(a.execute("s4").await, (vec!["4".to_string()], None));
     assert_eq!(b.execute("s1").await, (vec!["b".to_string()], None));
+    // psycopg 3 sends its DEALLOCATE through the extended protocol (an
+    // unnamed Parse, Bind, Describe, Execute), twice in a row here.
+    assert_eq!(a.parse("_pg3_0", "SELECT 'x'").await, None);
+    for expect in [None, Some("26000".to_string())] {
+        let (_, e) = a
+            .send(|out| {
+                use postgres_protocol::message::frontend;
+                frontend::parse("", "DEALLOCATE _pg3_0", std::iter::empty(), out).unwrap();
+                frontend::bind(
+                    "",
+                    "",
+                    std::iter::empty::<i16>(),
+                    std::iter::empty::<()>(),
+                    |_, _| {
+                        Ok::<_, Box<dyn std::error::Error + Sync + Send>>(
+                            postgres_protocol::IsNull::Yes,
+                        )
+                    },
+                    Some(0),
+                    out,
+                )
+                .map_err(|_| ())
+                .unwrap();
+                frontend::describe(b'P', "", out).unwrap();
+                frontend::execute("", 0, out).unwrap();
+            })
+            .await;
+        assert_eq!(e, expect);
+    }
+    assert_eq!(a.execute("_pg3_0").await, failed("26000"));
+    // A protocol-level statement EXECUTEd in SQL, on a connection without it.
+    assert_eq!(a.parse("pe", "SELECT 'pe'").await, None);
+    assert_eq!(b.query("DEALLOCATE ALL").await, ok());
+    assert_eq!(a.query("EXECUTE pe").await, (vec!["pe".to_string()], None));
     assert_eq!(pinned(&usher), 0);
 }
 

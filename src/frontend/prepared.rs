@@ -46,6 +46,9 @@ const ABSENT_STATEMENT: &str = "usher_absent";
 pub(crate) const DEALLOCATE_STAND_IN: &str =
     "PREPARE usher_deallocate AS SELECT; DEALLOCATE usher_deallocate";
 
+/// The statement the stand-ins make and drop.
+const DEALLOCATE_STAND_IN_NAME: &str = "usher_deallocate";
+
 /// The SQLSTATE of "prepared statement ... already exists".
 const DUPLICATE_PREPARED_STATEMENT: &str = "42P05";
 
@@ -195,6 +198,8 @@ enum Expect {
     ParseAsClose,
     /// A Parse of server statement `id`; `forward` if the client asked for it.
     Prepared { id: u64, forward: bool },
+    /// usher's own Parse or Close the client never sent.
+    Drop,
 }
 
 /// The ParseComplete/CloseComplete answers owed by one server connection
@@ -259,6 +264,7 @@ impl ResponsePlan {
                 Answer::Drop
             }
             (backend::CLOSE_COMPLETE, Some(Expect::ParseAsClose)) => Answer::AsParseComplete,
+            (_, Some(Expect::Drop)) => Answer::Drop,
             (_, Some(_)) => Answer::Forward,
             (_, None) => {
                 tracing::warn!(tag = %(tag as char), "unexpected answer from server; passing it on");
@@ -272,7 +278,9 @@ impl ResponsePlan {
 /// `body` is the whole message body.
 pub fn needs_rewrite(tag: u8, body: &[u8]) -> bool {
     match tag {
-        frontend::PARSE => body.first().is_some_and(|b| *b != 0),
+        frontend::PARSE => {
+            body.first().is_some_and(|b| *b != 0) || unnamed_deallocate(body).is_some()
+        }
         frontend::BIND => {
             // portal name, then statement name
             let Some(end) = body.iter().position(|b| *b == 0) else {
@@ -284,6 +292,18 @@ pub fn needs_rewrite(tag: u8, body: &[u8]) -> bool {
             body.first() == Some(&target::STATEMENT) && body.get(1).is_some_and(|b| *b != 0)
         }
         _ => false,
+    }
+}
+
+/// The name in an unnamed Parse of `DEALLOCATE [PREPARE] name` (how
+/// psycopg 3 drops a statement: its SQL commands go through the extended
+/// protocol).
+pub fn unnamed_deallocate(body: &[u8]) -> Option<String> {
+    let text = body.strip_prefix(&[0])?;
+    let end = text.iter().position(|b| *b == 0)?;
+    match sql_scan::prepared_command(&text[..end])? {
+        SqlPrepared::Deallocate { name } => Some(name),
+        _ => None,
     }
 }
 
@@ -309,6 +329,41 @@ impl Rewriter<'_> {
     /// appending what to send to the server to `out`.
     pub fn rewrite(&mut self, tag: u8, body: &[u8], out: &mut BytesMut) -> Result<(), PgError> {
         match tag {
+            frontend::PARSE if body.first() == Some(&0) => {
+                // An unnamed Parse of DEALLOCATE name (needs_rewrite).
+                let known = unnamed_deallocate(body)
+                    .filter(|name| self.statements.by_name.contains_key(name));
+                let start = begin(out, frontend::PARSE);
+                match known {
+                    Some(name) => {
+                        // A statement of usher's own stands in for the
+                        // client's: the DEALLOCATE drops it and answers
+                        // as the server would (a Close first, in case an
+                        // earlier stand-in was never executed).
+                        self.statements.by_name.remove(&name);
+                        out.truncate(start);
+                        put_close(out, DEALLOCATE_STAND_IN_NAME);
+                        self.plan.expect(Expect::Drop);
+                        let own = begin(out, frontend::PARSE);
+                        put_cstr(out, DEALLOCATE_STAND_IN_NAME);
+                        put_cstr(out, "SELECT");
+                        out.put_u16(0);
+                        finish(out, own);
+                        self.plan.expect(Expect::Drop);
+                        let start = begin(out, frontend::PARSE);
+                        out.put_u8(0);
+                        put_cstr(out, &format!("DEALLOCATE {DEALLOCATE_STAND_IN_NAME}"));
+                        let types = split_cstr(&body[1..])?.1;
+                        out.put_slice(types);
+                        finish(out, start);
+                    }
+                    None => {
+                        out.put_slice(body);
+                        finish(out, start);
+                    }
+                }
+                self.plan.passed();
+            }
             frontend::PARSE => {
                 let (name, rest) = split_cstr(body)?;
                 let definition = Bytes::copy_from_slice(rest);
@@ -740,6 +795,48 @@ mod tests {
             assert_eq!(rewrite.client.drop_completes, 1, "{name}");
         }
         assert!(w.statements.is_empty());
+        // psycopg 3's DEALLOCATE, an unnamed Parse: a stand-in of usher's.
+        w.rewrite(frontend::PARSE, b"t\0select 2\0\0\0", &mut out)
+            .unwrap();
+        let parse = b"\0DEALLOCATE t\0\0\0";
+        assert!(needs_rewrite(frontend::PARSE, parse));
+        assert!(!needs_rewrite(frontend::PARSE, b"\0DEALLOCATE ALL\0\0\0"));
+        out.clear();
+        *w.plan = ResponsePlan::default();
+        w.rewrite(frontend::PARSE, parse, &mut out).unwrap();
+        assert_eq!(
+            messages(&out),
+            [
+                (frontend::CLOSE, b"Susher_deallocate\0".to_vec()),
+                (frontend::PARSE, b"usher_deallocate\0SELECT\0\0\0".to_vec()),
+                (
+                    frontend::PARSE,
+                    b"\0DEALLOCATE usher_deallocate\0\0\0".to_vec()
+                ),
+            ]
+        );
+        assert!(w.statements.is_empty());
+        let mut none = PreparedSet::unbounded();
+        assert_eq!(
+            w.plan.answer(backend::CLOSE_COMPLETE, &mut none),
+            Answer::Drop
+        );
+        assert_eq!(
+            w.plan.answer(backend::PARSE_COMPLETE, &mut none),
+            Answer::Drop
+        );
+        assert_eq!(
+            w.plan.answer(backend::PARSE_COMPLETE, &mut none),
+            Answer::Forward
+        );
+        out.clear();
+        *w.plan = ResponsePlan::default();
+        w.rewrite(frontend::PARSE, parse, &mut out).unwrap();
+        assert_eq!(
+            messages(&out),
+            [(frontend::PARSE, parse.to_vec())],
+            "gone: as it is"
+        );
         out.clear();
         let rewrite = w.rewrite_query(b"DEALLOCATE p\0", false, true, &mut out);
         assert_eq!(rewrite, QueryRewrite::default());

@@ -153,6 +153,16 @@ impl RawClient {
     }
 
     async fn execute(&mut self, name: &str) -> (Vec<String>, Option<String>) {
+        self.execute_with(name, false).await
+    }
+
+    /// Bind, Describe of the portal, Execute, Sync: as libpq's
+    /// PQexecPrepared (psycopg 3, Ruby pg, PHP PDO) runs a statement.
+    async fn execute_described(&mut self, name: &str) -> (Vec<String>, Option<String>) {
+        self.execute_with(name, true).await
+    }
+
+    async fn execute_with(&mut self, name: &str, describe: bool) -> (Vec<String>, Option<String>) {
         use postgres_protocol::message::frontend;
         self.send(|out| {
             frontend::bind(
@@ -170,6 +180,9 @@ impl RawClient {
             )
             .map_err(|_| ())
             .unwrap();
+            if describe {
+                frontend::describe(b'P', "", out).unwrap();
+            }
             frontend::execute("", 0, out).unwrap();
         })
         .await
@@ -688,4 +701,51 @@ async fn a_stale_sql_statement_is_prepared_again_and_retried_outside_a_block() {
     assert_eq!(a.query("EXECUTE s").await, failed("0A000"));
     assert_eq!(a.query("ROLLBACK").await, ok());
     assert_eq!(a.query("EXECUTE s").await, (vec!["1".to_string()], None));
+}
+
+/// A protocol-level statement made stale by DDL, run as libpq runs it
+/// (Bind, Describe of the portal, Execute, Sync) outside a transaction
+/// block: usher prepares it again and runs the segment again, so the client
+/// gets the new shape (with its RowDescription) instead of 0A000. Without
+/// the Describe (the client would read the rows with a description it
+/// kept), and inside a block, the error stands, as directly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_statement_run_as_libpq_runs_it_is_replayed_outside_a_block() {
+    let pg = PgCluster::shared();
+    pg.psql_super_db(
+        "app",
+        "DROP TABLE IF EXISTS stale_bind; CREATE TABLE stale_bind (a int); \
+         INSERT INTO stale_bind VALUES (1); GRANT ALL ON stale_bind TO alice",
+    );
+    let usher = Usher::start(
+        pg,
+        "pool_mode: transaction\npool_size: 1\nauth: { method: trust }\n",
+    )
+    .await;
+    let mut a = RawClient::connect(&usher).await;
+    let one = || (vec!["1".to_string()], None);
+    assert_eq!(a.parse("s", "SELECT * FROM stale_bind").await, None);
+    assert_eq!(a.execute_described("s").await, one());
+    pg.psql_super_db("app", "ALTER TABLE stale_bind ALTER a TYPE text");
+    assert_eq!(a.execute_described("s").await, one(), "replayed");
+    assert_eq!(a.execute_described("s").await, one());
+    pg.psql_super_db(
+        "app",
+        "ALTER TABLE stale_bind ALTER a TYPE bigint USING a::bigint",
+    );
+    assert_eq!(
+        a.execute("s").await,
+        failed("0A000"),
+        "no Describe: no replay"
+    );
+    assert_eq!(a.execute("s").await, one(), "prepared afresh");
+    pg.psql_super_db("app", "ALTER TABLE stale_bind ALTER a TYPE text");
+    assert_eq!(a.query("BEGIN").await, ok());
+    assert_eq!(
+        a.execute_described("s").await,
+        failed("0A000"),
+        "in a block"
+    );
+    assert_eq!(a.query("ROLLBACK").await, ok());
+    assert_eq!(a.execute_described("s").await, one());
 }

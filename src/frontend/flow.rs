@@ -90,6 +90,10 @@ pub enum ServerStep {
     /// statement was renewed by the error's note), telling the flow
     /// ([`Flow::query_rewritten`]).
     Retry,
+    /// The same for a protocol-level Bind (see [`Flow::copy_started`]):
+    /// drop the error and walk the client's copy of the segment again, in
+    /// front of what the client sent since (its ReadyForQuery is dropped).
+    Replay,
 }
 
 /// What a session does with its server connection at the end of a
@@ -184,7 +188,29 @@ pub struct Flow {
     retry: Option<Bytes>,
     /// SQL PREPAREs that failed: (the client's name, the statement id).
     failed_prepares: Vec<(String, u64)>,
+    /// The first segment of which the session holds a copy of the
+    /// client's bytes, from its first byte on (a stale Bind's segment is
+    /// replayed from it).
+    copy: Option<u64>,
+    /// The shape of the extended-protocol segment being sent, and of the
+    /// last one sent (its Sync went).
+    shape: Shape,
+    last_shape: Shape,
+    /// Something of the segment being answered reached the client.
+    answered: bool,
 }
+
+/// What an extended-protocol segment held, for the replay's safety.
+#[derive(Debug, Clone, Copy, Default)]
+struct Shape {
+    binds: u32,
+    /// A Describe of the portal followed the (last) Bind: the client reads
+    /// the rows with the RowDescription it gets now, not with one it kept.
+    described: bool,
+}
+
+/// Client segments up to this size are copied for a replay.
+pub const REPLAY_LIMIT: usize = 16 * 1024;
 
 /// A segment being answered whose answers usher adjusts.
 #[derive(Debug)]
@@ -230,6 +256,10 @@ impl Flow {
             tracked: VecDeque::new(),
             retry: None,
             failed_prepares: Vec::new(),
+            copy: None,
+            shape: Shape::default(),
+            last_shape: Shape::default(),
+            answered: false,
         }
     }
 
@@ -290,6 +320,9 @@ impl Flow {
                 Gate::Refuse(error) => refused = Some(error),
             }
         }
+        if self.rewriting {
+            self.note_shape(tag, body);
+        }
         let step = match tag {
             frontend::TERMINATE => return ClientStep::Terminate,
             frontend::QUERY if carried && refused.is_none() => {
@@ -349,6 +382,41 @@ impl Flow {
             }
             (None, None) => step,
         }
+    }
+
+    fn note_shape(&mut self, tag: u8, body: &[u8]) {
+        match tag {
+            frontend::BIND => {
+                self.shape.binds += 1;
+                self.shape.described = false;
+            }
+            frontend::DESCRIBE if body.first() == Some(&crate::protocol::tags::target::PORTAL) => {
+                self.shape.described |= self.shape.binds > 0;
+            }
+            frontend::SYNC => self.last_shape = std::mem::take(&mut self.shape),
+            frontend::QUERY | frontend::FUNCTION_CALL => {
+                self.shape = Shape::default();
+                self.last_shape = Shape::default();
+            }
+            _ => {}
+        }
+    }
+
+    /// The session starts copying what the client sends (nothing is in
+    /// flight: the next segment is the copy's first), up to
+    /// [`REPLAY_LIMIT`].
+    pub fn copy_started(&mut self) {
+        self.copy = Some(self.syncs_sent + 1);
+    }
+
+    /// The session's copy is gone (too large, or replayed).
+    pub fn copy_lost(&mut self) {
+        self.copy = None;
+    }
+
+    /// The session keeps a copy of what the client sends.
+    pub fn copying(&self) -> bool {
+        self.copy.is_some()
     }
 
     /// A Query usher carries as a statement about a prepared statement:
@@ -642,6 +710,7 @@ impl Flow {
                     self.refusals.pop_front();
                 }
                 self.status = body.first().copied().unwrap_or(status::IDLE);
+                self.answered = false;
                 if self.rewriting {
                     self.plan.ready(prepared);
                 }
@@ -706,12 +775,27 @@ impl Flow {
                 let adjusted = if body.is_empty() {
                     // Not read whole: it goes as it is.
                     None
+                } else if self.replayable(body, client_at_boundary) {
+                    // Its ReadyForQuery is dropped: the replay's is the
+                    // client's.
+                    self.tracked.push_front(Tracked {
+                        segment: self.ready_seen + 1,
+                        plan: Segment {
+                            own: true,
+                            ..Segment::default()
+                        },
+                        deallocated: false,
+                        made: false,
+                        swallow_error: false,
+                    });
+                    self.copy = None;
+                    Some(ServerStep::Replay)
                 } else {
                     self.tracked_error(body)
                 };
                 if let Some(step) = adjusted {
                     let code = messages::error_code(body).unwrap_or_default();
-                    let stale = if step == ServerStep::Retry {
+                    let stale = if matches!(step, ServerStep::Retry | ServerStep::Replay) {
                         self.plan.take_used()
                     } else {
                         Vec::new()
@@ -739,7 +823,42 @@ impl Flow {
             }
             _ => ServerStep::Forward,
         };
+        if tag != backend::READY_FOR_QUERY
+            && matches!(
+                step,
+                ServerStep::Forward | ServerStep::SendParseComplete | ServerStep::SendRefusal
+            )
+        {
+            self.answered = true;
+        }
         (step, note)
+    }
+
+    /// A stale statement's error (0A000) for a protocol-level Bind that
+    /// usher can run again: the segment began outside a transaction block
+    /// (the last ReadyForQuery said 'I': the error rolled back all it did),
+    /// it is the only one in flight and the last sent (nothing of the
+    /// client's after it has gone out, or is half read), the session holds
+    /// a copy of it whole, nothing of its answer reached the client yet,
+    /// and it is one Bind of a statement of usher's followed by a Describe
+    /// of its portal (libpq's PQexecPrepared: the client reads the rows
+    /// with the RowDescription the replay sends, never with one of the old
+    /// shape).
+    fn replayable(&self, body: &[u8], client_at_boundary: bool) -> bool {
+        let segment = self.ready_seen + 1;
+        self.rewriting
+            && messages::error_code(body) == Some(STALE_STATEMENT)
+            && client_at_boundary
+            && self.status == status::IDLE
+            && self.pending == 1
+            && self.syncs_sent == segment
+            && !self.unsynced
+            && self.copy == Some(segment)
+            && !self.answered
+            && self.last_shape.binds == 1
+            && self.last_shape.described
+            && self.plan.bound_usher_statement()
+            && self.tracked.is_empty()
     }
 
     /// A tracked segment's ReadyForQuery came: whether the statement it
@@ -888,6 +1007,7 @@ impl Flow {
         self.plan = ResponsePlan::default();
         self.tracked.clear();
         self.retry = None;
+        self.answered = false;
     }
 }
 

@@ -250,6 +250,12 @@ impl ResponsePlan {
         }
     }
 
+    /// A statement of usher's was bound or described since the last
+    /// ReadyForQuery.
+    pub fn bound_usher_statement(&self) -> bool {
+        !self.used.is_empty()
+    }
+
     /// The server statements an error since the last ReadyForQuery may be
     /// about.
     pub fn take_used(&mut self) -> Vec<u64> {

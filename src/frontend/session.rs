@@ -117,6 +117,27 @@ struct Forwarding {
     /// What the flow noted in one walk of server bytes, recorded after it
     /// (kept, so a transaction's notes cost no allocation).
     notes: Vec<Note>,
+    /// The client's bytes since nothing was in flight, as it sent them
+    /// (rewriting only, up to `flow::REPLAY_LIMIT`): a segment whose Bind
+    /// met a stale statement is walked again from here.
+    copy: BytesMut,
+    /// The copy went back in front of `in_buf`: walk it.
+    replay: bool,
+}
+
+impl Forwarding {
+    /// Client bytes that went (or stand for what went) to the server.
+    fn keep_copy(&mut self, bytes: &[u8]) {
+        if !self.flow.copying() {
+            return;
+        }
+        if self.copy.len() + bytes.len() > flow::REPLAY_LIMIT {
+            self.flow.copy_lost();
+            self.copy = BytesMut::new();
+        } else {
+            self.copy.extend_from_slice(bytes);
+        }
+    }
 }
 
 impl Session {
@@ -206,6 +227,8 @@ impl Session {
             in_walker: FrameWalker::new(max_message).inspect_up_to(max_buffered),
             out_walker: FrameWalker::new(usize::MAX >> 1),
             notes: Vec::new(),
+            copy: BytesMut::new(),
+            replay: false,
         };
         if let Some(checkout) = self.login_server.take() {
             self.handle
@@ -402,11 +425,15 @@ impl Session {
                 },
                 _ = shutdown.changed(), if idle => LoopEvent::Shutdown,
             };
-            let result = match event {
+            let mut result = match event {
                 LoopEvent::ClientData => self.forward_client_data(client, fwd).await,
                 LoopEvent::ServerData => self.forward_server_data(client, fwd).await,
                 LoopEvent::ServerWritten | LoopEvent::Shutdown => Ok(()),
             };
+            if result.is_ok() && std::mem::take(&mut fwd.replay) {
+                // A stale statement's segment goes again (ServerStep::Replay).
+                result = Box::pin(self.forward_client_data(client, fwd)).await;
+            }
             if let Err(end) = result {
                 return end;
             }
@@ -556,6 +583,11 @@ impl Session {
         let pool = self.pool.clone();
         let stats = &pool.stats;
         loop {
+            if rewriting && fwd.flow.quiet() && fwd.in_walker.at_boundary() {
+                // A new segment begins: copy it, for a replay.
+                fwd.copy.clear();
+                fwd.flow.copy_started();
+            }
             let mut stopped_at = None;
             let flow = &mut fwd.flow;
             let walked = fwd
@@ -592,6 +624,7 @@ impl Session {
             }
             if walked.forward > 0 {
                 let chunk = fwd.in_buf.split_to(walked.forward);
+                fwd.keep_copy(&chunk);
                 queue_for_server(&mut fwd.to_server, chunk);
             }
             match stopped_at {
@@ -606,6 +639,7 @@ impl Session {
                     // usher's error replaces the server's.
                     let len = u32::from_be_bytes(fwd.in_buf[1..5].try_into().unwrap()) as usize;
                     let message = fwd.in_buf.split_to(1 + len);
+                    fwd.keep_copy(&message);
                     queue_for_server(
                         &mut fwd.to_server,
                         flow::refused_message(tag, &message[5..]),
@@ -618,6 +652,7 @@ impl Session {
                     // A statement about a prepared statement (SQL level).
                     let len = u32::from_be_bytes(fwd.in_buf[1..5].try_into().unwrap()) as usize;
                     let message = fwd.in_buf.split_to(1 + len);
+                    fwd.keep_copy(&message);
                     let failed_block = fwd.flow.known_failed_block();
                     let checkout = fwd.held.as_mut().expect("a server connection is held");
                     let mut out = BytesMut::with_capacity(message.len() + 64);
@@ -654,10 +689,10 @@ impl Session {
                             .expect("the flow saw the Bind's names");
                         let mut out = BytesMut::with_capacity(64);
                         rewriter.rewrite_bind_head(&portal, &name, len - 4 - head, &mut out);
-                        let _ = fwd.in_buf.split_to(5 + head);
+                        let original = fwd.in_buf.split_to(5 + head);
                         fwd.in_walker.stream_rest_of_body(len - 4 - head);
                         queue_for_server(&mut fwd.to_server, out);
-                        5 + head
+                        original
                     } else {
                         // The message is whole at the front of the buffer.
                         let message = fwd.in_buf.split_to(1 + len);
@@ -666,8 +701,10 @@ impl Session {
                             .rewrite(tag, &message[5..], &mut out)
                             .map_err(LoopEnd::Error)?;
                         queue_for_server(&mut fwd.to_server, out);
-                        message.len()
+                        message
                     };
+                    fwd.keep_copy(&taken);
+                    let taken = taken.len();
                     fwd.flow.rewritten();
                     self.handle.set_prepared(self.statements.len());
                     stats.received(taken as u64);
@@ -743,6 +780,14 @@ impl Session {
                                 metrics::count_error(ErrorSource::Usher, e.code.as_bytes());
                                 e.encode(&mut out);
                             }
+                        }
+                        ServerStep::Replay => {
+                            // The statement was renewed (the error's note):
+                            // the segment is walked again, prepared afresh.
+                            let mut again = std::mem::take(&mut fwd.copy);
+                            again.extend_from_slice(&fwd.in_buf);
+                            fwd.in_buf = again;
+                            fwd.replay = true;
                         }
                         ServerStep::Retry => {
                             // The stale statement was renewed (the error's

@@ -1184,6 +1184,7 @@ mod tests {
                                 | ServerStep::SendParseComplete
                                 | ServerStep::SendRefusal
                                 | ServerStep::Retry
+                                | ServerStep::Replay
                         )
                     })
                 {
@@ -2164,5 +2165,92 @@ mod tests {
         carried(&mut h, &registry, &mut statements, "EXECUTE l");
         h.server(&cat(&[complete("SELECT 1"), ready(status::IDLE)]));
         assert_eq!(h.flow.transaction_end(), PinStep::Keep);
+    }
+
+    /// A stale statement bound as libpq binds it (Bind, Describe portal,
+    /// Execute, Sync), outside a block, alone and last: the error and its
+    /// ReadyForQuery are dropped and the segment is walked again; in other
+    /// shapes the error goes to the client.
+    #[test]
+    fn a_stale_bind_is_replayed_only_when_the_client_reads_the_new_shape() {
+        let registry = StatementRegistry::default();
+        let mut statements = ClientStatements::default();
+        let mut h = Harness::new(PoolMode::Transaction, true);
+        let parse = msg(frontend::PARSE, b"s\0select * from t\0\0\0");
+        let bind = msg(frontend::BIND, b"\0s\0\0\0\0\0\0\0");
+        let mut rewrite = |h: &mut Harness, m: &[u8]| {
+            let mut out = BytesMut::new();
+            let mut w = Rewriter {
+                registry: &registry,
+                statements: &mut statements,
+                prepared: &mut h.prepared,
+                plan: h.flow.plan_mut(),
+            };
+            if m[0] == frontend::BIND {
+                w.rewrite_bind_head("", "s", 4, &mut out);
+            } else {
+                w.rewrite(m[0], &m[5..], &mut out).unwrap();
+            }
+            h.flow.rewritten();
+        };
+        h.client(&parse);
+        rewrite(&mut h, &parse);
+        h.client(&msg(frontend::SYNC, b""));
+        h.server(&cat(&[
+            msg(backend::PARSE_COMPLETE, b""),
+            ready(status::IDLE),
+        ]));
+        h.flow.released();
+        let tail = cat(&[
+            msg(frontend::DESCRIBE, b"P\0"),
+            msg(frontend::EXECUTE, b"\0\0\0\0\0"),
+            msg(frontend::SYNC, b""),
+        ]);
+        let segment =
+            |h: &mut Harness, rewrite: &mut dyn FnMut(&mut Harness, &[u8]), tail: &[u8]| {
+                h.flow.copy_started();
+                assert_eq!(h.client(&bind), [ClientStep::Rewrite]);
+                rewrite(h, &bind);
+                h.client(tail);
+            };
+        segment(&mut h, &mut rewrite, &tail);
+        let got = h.server(&cat(&[error("0A000"), ready(status::IDLE)]));
+        assert_eq!(steps(&got), [ServerStep::Replay, ServerStep::Drop]);
+        assert!(matches!(&got[0].1, Some(Note::Error { stale, .. }) if stale == &[1]));
+        assert!(
+            h.flow.quiet() && !h.flow.copying(),
+            "walked again from the copy"
+        );
+        // Without the Describe: the client kept a description; no replay.
+        let bare = cat(&[
+            msg(frontend::EXECUTE, b"\0\0\0\0\0"),
+            msg(frontend::SYNC, b""),
+        ]);
+        segment(&mut h, &mut rewrite, &bare);
+        let got = h.server(&cat(&[error("0A000"), ready(status::IDLE)]));
+        assert_eq!(steps(&got), [Forward, ForwardThenRelease]);
+        h.flow.released();
+        // Without a copy of the segment (too large, or not from its start).
+        assert_eq!(h.client(&bind), [ClientStep::Rewrite]);
+        rewrite(&mut h, &bind);
+        h.client(&tail);
+        let got = h.server(&cat(&[error("0A000"), ready(status::IDLE)]));
+        assert_eq!(steps(&got), [Forward, ForwardThenRelease]);
+        h.flow.released();
+        // Something of its answer already reached the client.
+        segment(&mut h, &mut rewrite, &tail);
+        let got = h.server(&cat(&[
+            msg(backend::NOTICE_RESPONSE, b"SNOTICE\0C00000\0Mhi\0\0"),
+            error("0A000"),
+            ready(status::IDLE),
+        ]));
+        assert_eq!(steps(&got), [Forward, Forward, ForwardThenRelease]);
+        h.flow.released();
+        // Inside a transaction block.
+        h.client(&query("BEGIN"));
+        h.server(&cat(&[complete("BEGIN"), ready(status::IN_TRANSACTION)]));
+        segment(&mut h, &mut rewrite, &tail);
+        let got = h.server(&cat(&[error("0A000"), ready(status::FAILED)]));
+        assert_eq!(steps(&got), [Forward, Forward]);
     }
 }

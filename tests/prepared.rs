@@ -619,6 +619,22 @@ async fn sql_prepare_and_execute_follow_their_client_without_pinning() {
         a.query("EXECUTE q(7)").await,
         (vec!["14".to_string()], None)
     );
+    // Run by name inside other statements, and among several in one Query.
+    assert_eq!(b.query("DEALLOCATE ALL").await, ok());
+    assert_eq!(
+        a.query("SELECT '1'; EXECUTE q(3)").await,
+        (vec!["1".to_string(), "6".to_string()], None)
+    );
+    assert_eq!(
+        a.query("DROP TABLE IF EXISTS sql_prep_ctas; CREATE TABLE sql_prep_ctas AS EXECUTE q(4)")
+            .await,
+        ok()
+    );
+    assert_eq!(
+        a.query("SELECT * FROM sql_prep_ctas").await,
+        (vec!["8".to_string()], None)
+    );
+    assert_eq!(a.query("DROP TABLE sql_prep_ctas").await, ok());
     // A statement that fails to prepare leaves no name behind.
     assert_eq!(
         a.query("PREPARE bad AS SELECT * FROM no_such_table").await,

@@ -289,8 +289,10 @@ impl Flow {
         let effects = match tag {
             frontend::QUERY => {
                 let mut effects = sql_scan::scan_query(body);
-                if let Some(command) = self.carried_query(body) {
-                    carried = true;
+                let command = self.carried_query(body);
+                // A statement run by name may be one of the client's.
+                carried = command.is_some() || effects.executes && self.carries_now();
+                if let Some(command) = command {
                     self.carry_pins(command, &mut effects);
                 }
                 Some(effects)
@@ -423,10 +425,14 @@ impl Flow {
     /// transaction mode with rewriting, read whole, and not in the middle
     /// of an extended-protocol pipeline or COPY.
     fn carried_query<'b>(&self, body: &'b [u8]) -> Option<SqlPrepared<'b>> {
-        if !self.rewriting || self.unsynced || self.copy_in {
+        if !self.carries_now() {
             return None;
         }
         sql_scan::prepared_command(body.strip_suffix(&[0])?)
+    }
+
+    fn carries_now(&self) -> bool {
+        self.rewriting && !self.unsynced && !self.copy_in
     }
 
     /// A carried PREPARE pins nothing (the statement lives in usher); its
@@ -459,15 +465,18 @@ impl Flow {
     /// `Rewriter::rewrite_query` made it: count its segments and track
     /// what it asked for.
     pub fn query_rewritten(&mut self, rewrite: QueryRewrite) {
-        if let Some(own) = rewrite.own {
+        let owns = !rewrite.own.is_empty();
+        for own in rewrite.own {
             self.segment_sent();
-            self.track(own);
+            self.track(own, false);
         }
         self.segment_sent();
         if let Some(error) = rewrite.refused {
             self.refusals.push_back((self.syncs_sent, error));
         }
-        self.track(rewrite.client);
+        // After usher's own segments it is tracked: it may owe an error
+        // to drop.
+        self.track(rewrite.client, owns);
     }
 
     fn segment_sent(&mut self) {
@@ -477,8 +486,8 @@ impl Flow {
         self.syncs_sent += 1;
     }
 
-    fn track(&mut self, plan: Segment) {
-        if plan == Segment::default() {
+    fn track(&mut self, plan: Segment, always: bool) {
+        if plan == Segment::default() && !always {
             return;
         }
         self.tracked.push_back(Tracked {
@@ -901,8 +910,13 @@ impl Flow {
             return Some(ServerStep::Drop);
         }
         if t.plan.own {
-            let next = t.segment + 1;
-            if let Some(client) = self.tracked.iter_mut().find(|t| t.segment == next) {
+            // The client's Query after usher's segments fails for it.
+            let own = t.segment;
+            if let Some(client) = self
+                .tracked
+                .iter_mut()
+                .find(|t| t.segment > own && !t.plan.own)
+            {
                 client.swallow_error = true;
             }
             return None;
@@ -1008,6 +1022,7 @@ impl Flow {
         self.tracked.clear();
         self.retry = None;
         self.answered = false;
+        self.copy = None;
     }
 }
 
@@ -2119,17 +2134,15 @@ mod tests {
 
     #[test]
     fn what_usher_does_not_carry_still_pins() {
+        let registry = StatementRegistry::default();
+        let mut statements = ClientStatements::default();
         let mut h = Harness::new(PoolMode::Transaction, true);
         // Several statements in one Query: the server gets the client's name.
-        assert_eq!(
-            h.client(&query("PREPARE a AS SELECT 1; EXECUTE a")),
-            [ClientStep::Pin]
-        );
+        let sql = "PREPARE a AS SELECT 1; EXECUTE a";
+        assert_eq!(h.client(&query(sql)), [ClientStep::Pin]);
         h.flow.slot_taken();
-        assert_eq!(
-            h.client(&query("PREPARE a AS SELECT 1; EXECUTE a")),
-            [ClientStep::Forward]
-        );
+        let out = carried(&mut h, &registry, &mut statements, sql);
+        assert_eq!(texts(&out), [sql], "as it is: a is not usher's");
         h.server(&cat(&[
             complete("PREPARE"),
             complete("SELECT 1"),
@@ -2148,7 +2161,6 @@ mod tests {
         let mut h = Harness::new(PoolMode::Transaction, false);
         assert_eq!(h.client(&query("PREPARE c AS SELECT 1")), [ClientStep::Pin]);
         // A carried PREPARE of a text that pins pins at its EXECUTE.
-        let registry = StatementRegistry::default();
         let mut statements = ClientStatements::default();
         let mut h = Harness::new(PoolMode::Transaction, true);
         carried(

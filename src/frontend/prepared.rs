@@ -475,55 +475,6 @@ impl Rewriter<'_> {
                     after_deallocate,
                 });
             }
-            Some(SqlPrepared::Execute {
-                name,
-                before,
-                after,
-            }) if self.statements.by_name.contains_key(&name) => {
-                let stmt = self.statements.by_name[&name].clone();
-                if self.prepared.get(&stmt.id).is_none() {
-                    // Prepared first, in a segment of usher's own (so that
-                    // the server's record of the statement's text holds no
-                    // argument of this EXECUTE).
-                    let mut own = Segment {
-                        own: true,
-                        ..Segment::default()
-                    };
-                    match stmt.kind {
-                        Kind::Sql => {
-                            let start = begin(out, frontend::QUERY);
-                            out.put_slice(format!("PREPARE {}", server_name(stmt.id)).as_bytes());
-                            out.put_slice(&stmt.definition);
-                            out.put_u8(0);
-                            finish(out, start);
-                            self.prepared.put(stmt.id, ());
-                            own.drop_completes = 1;
-                            own.prepares = Some(Prepares {
-                                id: stmt.id,
-                                name: None,
-                                after_deallocate: false,
-                            });
-                        }
-                        Kind::Protocol => {
-                            self.parse_on_server(stmt.id, &stmt.definition, false, out);
-                            out.put_slice(&[frontend::SYNC, 0, 0, 0, 4]);
-                        }
-                    }
-                    r.own = Some(own);
-                }
-                if !self.plan.used.contains(&stmt.id) {
-                    self.plan.used.push(stmt.id);
-                }
-                let start = begin(out, frontend::QUERY);
-                out.put_slice(before);
-                out.put_slice(server_name(stmt.id).as_bytes());
-                out.put_slice(after);
-                out.put_u8(0);
-                finish(out, start);
-                if may_retry {
-                    r.client.retry = Some(Bytes::copy_from_slice(body));
-                }
-            }
             Some(SqlPrepared::Deallocate { name })
                 if !failed_block && self.statements.by_name.contains_key(&name) =>
             {
@@ -534,15 +485,76 @@ impl Rewriter<'_> {
                 finish(out, start);
                 r.client.drop_completes = 1;
             }
-            _ => {
-                // Not one of the client's statements (or in a failed
-                // block): the server answers as it would directly.
+            command => {
+                // Statements run by name (EXECUTE, EXPLAIN EXECUTE, CREATE
+                // TABLE AS EXECUTE), in one statement or several: the
+                // client's names become usher's, each statement prepared
+                // first where the connection lacks it. Other names, and
+                // other texts, go as they are: the server answers as it
+                // would directly.
+                let single = matches!(command, Some(SqlPrepared::Execute { .. }));
+                let references: Vec<_> = sql_scan::execute_references(text)
+                    .into_iter()
+                    .filter_map(|(at, name)| {
+                        self.statements.by_name.get(&name).map(|s| (at, s.clone()))
+                    })
+                    .collect();
+                for (_, stmt) in &references {
+                    if self.prepared.get(&stmt.id).is_none() {
+                        r.own.push(self.prepare_own(stmt, out));
+                    }
+                    if !self.plan.used.contains(&stmt.id) {
+                        self.plan.used.push(stmt.id);
+                    }
+                }
                 let start = begin(out, frontend::QUERY);
-                out.put_slice(body);
+                let mut from = 0;
+                for (at, stmt) in &references {
+                    out.put_slice(&text[from..at.start]);
+                    out.put_slice(server_name(stmt.id).as_bytes());
+                    from = at.end;
+                }
+                out.put_slice(&body[from..]);
                 finish(out, start);
+                if may_retry && single && references.len() == 1 {
+                    r.client.retry = Some(Bytes::copy_from_slice(body));
+                }
             }
         }
         r
+    }
+
+    /// Prepares the client's statement `stmt` on this server connection in
+    /// a segment of usher's own, before the Query that runs it (so that
+    /// the server's record of the statement's text holds none of that
+    /// Query's arguments): a PREPARE Query for a SQL statement, a Parse +
+    /// Sync for a protocol-level one.
+    fn prepare_own(&mut self, stmt: &Statement, out: &mut BytesMut) -> Segment {
+        let mut own = Segment {
+            own: true,
+            ..Segment::default()
+        };
+        match stmt.kind {
+            Kind::Sql => {
+                let start = begin(out, frontend::QUERY);
+                out.put_slice(format!("PREPARE {}", server_name(stmt.id)).as_bytes());
+                out.put_slice(&stmt.definition);
+                out.put_u8(0);
+                finish(out, start);
+                self.prepared.put(stmt.id, ());
+                own.drop_completes = 1;
+                own.prepares = Some(Prepares {
+                    id: stmt.id,
+                    name: None,
+                    after_deallocate: false,
+                });
+            }
+            Kind::Protocol => {
+                self.parse_on_server(stmt.id, &stmt.definition, false, out);
+                out.put_slice(&[frontend::SYNC, 0, 0, 0, 4]);
+            }
+        }
+        own
     }
 
     /// Writes the start of a Bind of the client's statement `name`: a
@@ -594,10 +606,11 @@ impl Rewriter<'_> {
 /// flow to track its answers.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct QueryRewrite {
-    /// usher's own segment, sent before the client's Query (a PREPARE
-    /// Query, or a Parse + Sync): its answers are dropped, and when it
-    /// fails, so is the error the client's Query then gets.
-    pub own: Option<Segment>,
+    /// usher's own segments, sent before the client's Query (a PREPARE
+    /// Query, or a Parse + Sync, per statement the connection lacks): their
+    /// answers are dropped, and when one fails, so is the error the
+    /// client's Query then gets.
+    pub own: Vec<Segment>,
     /// The client's Query as it went.
     pub client: Segment,
     /// Refused with this error: the refusal's stand-in goes in its place.
@@ -759,10 +772,7 @@ mod tests {
         );
         assert_eq!(sent[0].1, b"usher_1\0select 1\0\0\0");
         assert_eq!(sent[2].1, b"EXECUTE usher_1\0");
-        assert!(rewrite
-            .own
-            .as_ref()
-            .is_some_and(|o| o.own && o.prepares.is_none()));
+        assert!(rewrite.own.len() == 1 && rewrite.own[0].own && rewrite.own[0].prepares.is_none());
         assert_eq!(rewrite.client.retry.as_deref(), Some(&b"EXECUTE p\0"[..]));
         // A SQL statement is not a Parse's: the same text is another one.
         out.clear();

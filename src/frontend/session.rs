@@ -905,6 +905,8 @@ impl Session {
         self.pool.stats.transaction_time(lent);
         fwd.out_buf = BytesMut::new();
         fwd.out_walker = FrameWalker::new(usize::MAX >> 1);
+        // An idle client keeps no copy of its last segment either.
+        fwd.copy = BytesMut::new();
         fwd.flow.released();
         Ok(true)
     }

@@ -33,6 +33,8 @@ pub struct Effects {
     pub pins: PinKinds,
     /// State it may end (the server is asked what is left).
     pub unpins: PinKinds,
+    /// It may run a prepared statement by name ([`execute_references`]).
+    pub executes: bool,
 }
 
 /// Kinds of session state that tie a client to its server connection, as
@@ -128,12 +130,14 @@ impl Effects {
             custom: Vec::new(),
             pins: PinKinds::UNKNOWN,
             unpins: PinKinds::CHECKABLE,
+            executes: false,
         }
     }
 
     /// Adds what another text may do.
     pub fn add(&mut self, other: Effects) {
         self.settings |= other.settings;
+        self.executes |= other.executes;
         self.pins |= other.pins;
         self.unpins |= other.unpins;
         for name in other.custom {
@@ -219,6 +223,9 @@ pub fn scan(sql: &[u8]) -> Effects {
                     if name_word {
                         effects.note_custom(custom_name(sql, at));
                     }
+                }
+                if kind == Word::Execute && executes_by_name(first, words_in_statement, previous) {
+                    effects.executes = true;
                 }
                 match kind {
                     // CREATE [OR REPLACE] [GLOBAL | LOCAL] TEMP[ORARY] ...,
@@ -379,6 +386,7 @@ enum Word {
     Deallocate,
     Execute,
     Explain,
+    As,
     Drop,
     Load,
     PgTemp,
@@ -396,7 +404,7 @@ impl Word {
     fn of(word: &[u8]) -> Word {
         use Word::*;
         let candidates: &[(&[u8], Word)] = match word.len() {
-            2 => &[(b"do", Do), (b"on", On)],
+            2 => &[(b"do", Do), (b"on", On), (b"as", As)],
             3 => &[(b"set", Set)],
             4 => &[
                 (b"into", Into),
@@ -561,6 +569,68 @@ pub enum SqlPrepared<'a> {
     },
     /// `DEALLOCATE [PREPARE] name` (not `ALL`).
     Deallocate { name: String },
+}
+
+/// An `EXECUTE` word (the `words`-th of its statement, after `previous`)
+/// that runs a prepared statement by name: `EXECUTE name`, `EXPLAIN ...
+/// EXECUTE name`, `CREATE TABLE ... AS EXECUTE name` (not `GRANT EXECUTE`,
+/// `EXECUTE FUNCTION` of a trigger: the name that follows must be one the
+/// client prepared for it to matter).
+fn executes_by_name(first: Word, words: usize, previous: Word) -> bool {
+    match first {
+        Word::Execute => words == 1,
+        Word::Explain => true,
+        Word::Create => previous == Word::As,
+        _ => false,
+    }
+}
+
+/// The names of prepared statements a Query text runs by name, in every
+/// statement of it ([`executes_by_name`]): (where the name is, the name as
+/// PostgreSQL reads it). Names usher does not read are left out.
+pub fn execute_references(sql: &[u8]) -> Vec<(std::ops::Range<usize>, String)> {
+    let mut found = Vec::new();
+    let mut at = 0;
+    let mut words = 0;
+    let mut first = Word::Other;
+    let mut previous = Word::Other;
+    while at < sql.len() {
+        let b = sql[at];
+        match b {
+            b';' => {
+                words = 0;
+                previous = Word::Other;
+                at += 1;
+            }
+            b'\'' => at = skip_quoted(sql, at, b'\'', backslashes_escape(sql, at)),
+            b'"' => {
+                previous = Word::Other;
+                at = skip_quoted(sql, at, b'"', false);
+            }
+            b'-' if sql.get(at + 1) == Some(&b'-') => at = skip_line(sql, at),
+            b'/' if sql.get(at + 1) == Some(&b'*') => at = skip_block_comment(sql, at),
+            b'$' if is_dollar_quote_start(sql, at) => at = skip_dollar_quoted(sql, at),
+            _ if is_word_start(b) => {
+                let end = word_end(sql, at);
+                let kind = Word::of(&sql[at..end]);
+                words += 1;
+                if words == 1 {
+                    first = kind;
+                }
+                at = end;
+                if kind == Word::Execute && executes_by_name(first, words, previous) {
+                    let start = skip_space(sql, at);
+                    if let Some((name, name_end)) = identifier(sql, start) {
+                        found.push((start..name_end, name));
+                        at = name_end;
+                    }
+                }
+                previous = kind;
+            }
+            _ => at += 1,
+        }
+    }
+    found
 }
 
 /// Prepared statement names longer than this are truncated by PostgreSQL
@@ -1073,5 +1143,38 @@ mod tests {
             None,
             "truncated by the server"
         );
+    }
+
+    #[test]
+    fn statements_run_by_name_are_found() {
+        let names = |sql: &str| -> Vec<(String, String)> {
+            execute_references(sql.as_bytes())
+                .into_iter()
+                .map(|(r, n)| (sql[r].to_string(), n))
+                .collect()
+        };
+        let pair = |a: &str, b: &str| (a.to_string(), b.to_string());
+        assert_eq!(names("EXECUTE q(1)"), [pair("q", "q")]);
+        assert_eq!(
+            names("CREATE TABLE t AS EXECUTE Sel WITH DATA; execute \"X\""),
+            [pair("Sel", "sel"), pair("\"X\"", "X")]
+        );
+        assert_eq!(
+            names("EXPLAIN (ANALYZE) CREATE TABLE t AS EXECUTE q"),
+            [pair("q", "q")]
+        );
+        assert_eq!(names("BEGIN; EXECUTE a; COMMIT"), [pair("a", "a")]);
+        for sql in [
+            "GRANT EXECUTE ON FUNCTION f() TO r",
+            "CREATE TRIGGER t AFTER INSERT ON x EXECUTE FUNCTION f()",
+            "SELECT 'EXECUTE q'",
+            "DO $$ BEGIN EXECUTE 'x'; END $$",
+            "SELECT execute FROM t",
+        ] {
+            assert!(names(sql).is_empty(), "{sql}");
+        }
+        assert!(scan(b"CREATE TABLE t AS EXECUTE q").executes);
+        assert!(scan(b"select 1; EXECUTE q").executes);
+        assert!(!scan(b"GRANT EXECUTE ON FUNCTION f() TO r").executes);
     }
 }

@@ -765,3 +765,39 @@ async fn a_stale_statement_run_as_libpq_runs_it_is_replayed_outside_a_block() {
     assert_eq!(a.query("ROLLBACK").await, ok());
     assert_eq!(a.execute_described("s").await, one());
 }
+
+/// An error in a rewritten statement points where it would directly: the
+/// position is told in the client's text, not usher's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_position_in_a_carried_statement_is_the_clients() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(pg, "pool_mode: transaction\npool_size: 1\n").await;
+    let through = usher.alice().await;
+    let direct = common::alice_with(pg.port, "").await;
+    through
+        .batch_execute("PREPARE \"näme\" (int) AS SELECT $1")
+        .await
+        .unwrap();
+    direct
+        .batch_execute("PREPARE \"näme\" (int) AS SELECT $1")
+        .await
+        .unwrap();
+    for sql in [
+        "PREPARE p1 AS SELECT $1a",
+        "  PREPARE \"a long name\" AS SELECT nope",
+        "EXECUTE \"näme\"(1 + )",
+        "EXPLAIN EXECUTE \"näme\" (1 +)",
+    ] {
+        let position = |e: tokio_postgres::Error| match e.as_db_error().and_then(|d| d.position()) {
+            Some(tokio_postgres::error::ErrorPosition::Original(p)) => Some(*p),
+            _ => None,
+        };
+        let expected = position(direct.batch_execute(sql).await.unwrap_err());
+        assert!(expected.is_some(), "{sql}");
+        assert_eq!(
+            position(through.batch_execute(sql).await.unwrap_err()),
+            expected,
+            "{sql}"
+        );
+    }
+}

@@ -90,6 +90,9 @@ pub enum ServerStep {
     /// statement was renewed by the error's note), telling the flow
     /// ([`Flow::query_rewritten`]).
     Retry,
+    /// The error of a rewritten Query, its position told in the client's
+    /// text: send [`Flow::take_error`] instead.
+    SendError,
     /// The same for a protocol-level Bind (see [`Flow::copy_started`]):
     /// drop the error and walk the client's copy of the segment again, in
     /// front of what the client sent since (its ReadyForQuery is dropped).
@@ -198,6 +201,8 @@ pub struct Flow {
     last_shape: Shape,
     /// Something of the segment being answered reached the client.
     answered: bool,
+    /// The error to send after [`ServerStep::SendError`] (whole message).
+    error: Option<BytesMut>,
 }
 
 /// What an extended-protocol segment held, for the replay's safety.
@@ -260,6 +265,7 @@ impl Flow {
             shape: Shape::default(),
             last_shape: Shape::default(),
             answered: false,
+            error: None,
         }
     }
 
@@ -804,7 +810,9 @@ impl Flow {
                 };
                 if let Some(step) = adjusted {
                     let code = messages::error_code(body).unwrap_or_default();
-                    let stale = if matches!(step, ServerStep::Retry | ServerStep::Replay) {
+                    let stale = if matches!(step, ServerStep::Retry | ServerStep::Replay)
+                        || step == ServerStep::SendError && code == STALE_STATEMENT
+                    {
                         self.plan.take_used()
                     } else {
                         Vec::new()
@@ -835,7 +843,10 @@ impl Flow {
         if tag != backend::READY_FOR_QUERY
             && matches!(
                 step,
-                ServerStep::Forward | ServerStep::SendParseComplete | ServerStep::SendRefusal
+                ServerStep::Forward
+                    | ServerStep::SendParseComplete
+                    | ServerStep::SendRefusal
+                    | ServerStep::SendError
             )
         {
             self.answered = true;
@@ -922,6 +933,16 @@ impl Flow {
             return None;
         }
         let stale = messages::error_code(body) == Some(STALE_STATEMENT);
+        if let Some(moved) = Self::moved_position(&t.plan.edits, body) {
+            if !(stale && t.plan.retry.is_some()) {
+                let mut error = BytesMut::with_capacity(moved.len() + 5);
+                error.put_u8(backend::ERROR_RESPONSE);
+                error.put_u32(moved.len() as u32 + 4);
+                error.put_slice(&moved);
+                self.error = Some(error);
+                return Some(ServerStep::SendError);
+            }
+        }
         if stale && t.plan.retry.is_some() && idle && syncs_sent == t.segment && !unsynced {
             // Its ReadyForQuery is dropped; the retry is the client's now.
             t.plan.own = true;
@@ -929,6 +950,25 @@ impl Flow {
             return Some(ServerStep::Retry);
         }
         None
+    }
+
+    /// An error body with its position (field P) told in the client's text,
+    /// if it has one and usher's text differs from the client's.
+    fn moved_position(edits: &[prepared::Edit], body: &[u8]) -> Option<Vec<u8>> {
+        if edits.is_empty() {
+            return None;
+        }
+        let position: usize = std::str::from_utf8(messages::error_field_of(body, b'P')?)
+            .ok()?
+            .parse()
+            .ok()?;
+        let moved = prepared::client_position(edits, position);
+        messages::with_error_field(body, b'P', moved.to_string().as_bytes())
+    }
+
+    /// The error to send after [`ServerStep::SendError`].
+    pub fn take_error(&mut self) -> Option<BytesMut> {
+        self.error.take()
     }
 
     /// An ErrorResponse is the server's answer to a refused message's
@@ -1200,6 +1240,7 @@ mod tests {
                                 | ServerStep::SendRefusal
                                 | ServerStep::Retry
                                 | ServerStep::Replay
+                                | ServerStep::SendError
                         )
                     })
                 {
@@ -2264,5 +2305,58 @@ mod tests {
         segment(&mut h, &mut rewrite, &tail);
         let got = h.server(&cat(&[error("0A000"), ready(status::FAILED)]));
         assert_eq!(steps(&got), [Forward, Forward]);
+    }
+
+    #[test]
+    fn an_error_position_is_told_in_the_clients_text() {
+        let registry = StatementRegistry::default();
+        let mut statements = ClientStatements::default();
+        let mut h = Harness::new(PoolMode::Transaction, true);
+        // "PREPARE p1 AS SELECT $1a": the server got "PREPARE usher_1 AS
+        // SELECT $1a", 5 characters longer before the error.
+        carried(
+            &mut h,
+            &registry,
+            &mut statements,
+            "PREPARE p1 AS SELECT $1a",
+        );
+        let got = h.server(&cat(&[
+            msg(
+                backend::ERROR_RESPONSE,
+                b"SERROR\0C42601\0Mtrailing junk\0P24\0\0",
+            ),
+            ready(status::IDLE),
+        ]));
+        assert_eq!(steps(&got), [ServerStep::SendError, ForwardThenRelease]);
+        let e = h.flow.take_error().unwrap();
+        assert_eq!(&e[5..], b"SERROR\0C42601\0Mtrailing junk\0P19\0\0");
+        h.flow.released();
+        // Inside a rewritten name: its start; after several, each shift.
+        carried(&mut h, &registry, &mut statements, "PREPARE q AS SELECT 1");
+        h.server(&cat(&[complete("PREPARE"), ready(status::IDLE)]));
+        h.flow.released();
+        h.prepared.put(1, ());
+        carried(
+            &mut h,
+            &registry,
+            &mut statements,
+            "EXECUTE q; EXECUTE q; SELECT x",
+        );
+        h.server(&cat(&[error("42703"), ready(status::IDLE)]));
+        use prepared::{client_position, Edit};
+        let edits = [
+            Edit {
+                server: 8..15,
+                client: 8..9,
+            },
+            Edit {
+                server: 25..32,
+                client: 19..20,
+            },
+        ];
+        assert_eq!(client_position(&edits, 3), 3);
+        assert_eq!(client_position(&edits, 10), 9);
+        assert_eq!(client_position(&edits, 17), 11);
+        assert_eq!(client_position(&edits, 40), 28);
     }
 }

@@ -458,6 +458,12 @@ impl Rewriter<'_> {
                     self.prepared.put(id, ());
                 }
                 out.put_slice(format!("PREPARE {server}").as_bytes());
+                // What stands for the client's text up to the name's end.
+                let written = out.len() - start - 5;
+                r.client.edits.push(Edit {
+                    server: 0..written,
+                    client: 0..chars(&text[..text.len() - rest.len()]),
+                });
                 out.put_slice(rest);
                 out.put_u8(0);
                 finish(out, start);
@@ -509,9 +515,19 @@ impl Rewriter<'_> {
                 }
                 let start = begin(out, frontend::QUERY);
                 let mut from = 0;
+                let (mut server_at, mut client_at) = (0, 0);
                 for (at, stmt) in &references {
+                    let same = chars(&text[from..at.start]);
                     out.put_slice(&text[from..at.start]);
-                    out.put_slice(server_name(stmt.id).as_bytes());
+                    let name = server_name(stmt.id);
+                    out.put_slice(name.as_bytes());
+                    let (s, c) = (server_at + same, client_at + same);
+                    server_at = s + name.len();
+                    client_at = c + chars(&text[at.clone()]);
+                    r.client.edits.push(Edit {
+                        server: s..server_at,
+                        client: c..client_at,
+                    });
                     from = at.end;
                 }
                 out.put_slice(&body[from..]);
@@ -629,6 +645,38 @@ pub struct Segment {
     pub prepares: Option<Prepares>,
     /// The client's Query, to run again if its statement turns out stale.
     pub retry: Option<Bytes>,
+    /// Where usher's text differs from the client's, in characters, in
+    /// order: an error's position is told in the client's text.
+    pub edits: Vec<Edit>,
+}
+
+/// A span of the text the server got (`server`) that stands for a span of
+/// the client's (`client`), in characters from 0.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Edit {
+    pub server: std::ops::Range<usize>,
+    pub client: std::ops::Range<usize>,
+}
+
+/// An error's position (1-based, in characters) in the text the server
+/// got, told in the client's text: inside a rewritten span, its start.
+pub fn client_position(edits: &[Edit], server: usize) -> usize {
+    let at = server.saturating_sub(1);
+    let mut shift: isize = 0;
+    for e in edits {
+        if at < e.server.start {
+            break;
+        }
+        if at < e.server.end {
+            return e.client.start + 1;
+        }
+        shift = e.client.end as isize - e.server.end as isize;
+    }
+    (at as isize + shift).max(0) as usize + 1
+}
+
+fn chars(bytes: &[u8]) -> usize {
+    String::from_utf8_lossy(bytes).chars().count()
 }
 
 /// A PREPARE of server statement `id` in a segment.

@@ -781,6 +781,11 @@ impl Session {
                                 e.encode(&mut out);
                             }
                         }
+                        ServerStep::SendError => {
+                            if let Some(e) = fwd.flow.take_error() {
+                                out = e;
+                            }
+                        }
                         ServerStep::Replay => {
                             // The statement was renewed (the error's note):
                             // the segment is walked again, prepared afresh.

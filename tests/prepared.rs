@@ -783,7 +783,8 @@ async fn an_error_position_in_a_carried_statement_is_the_clients() {
         .await
         .unwrap();
     for sql in [
-        "PREPARE p1 AS SELECT $1a",
+        "PREPARE p1 AS SELECT $1a;",
+        "PREPARE p2 AS SELECT 1 +; -- trailing\n",
         "  PREPARE \"a long name\" AS SELECT nope",
         "EXECUTE \"näme\"(1 + )",
         "EXPLAIN EXECUTE \"näme\" (1 +)",

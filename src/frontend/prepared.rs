@@ -460,9 +460,10 @@ impl Rewriter<'_> {
                 out.put_slice(format!("PREPARE {server}").as_bytes());
                 // What stands for the client's text up to the name's end.
                 let written = out.len() - start - 5;
+                let name_end = rest.as_ptr() as usize - text.as_ptr() as usize;
                 r.client.edits.push(Edit {
                     server: 0..written,
-                    client: 0..chars(&text[..text.len() - rest.len()]),
+                    client: 0..chars(&text[..name_end]),
                 });
                 out.put_slice(rest);
                 out.put_u8(0);

@@ -96,10 +96,11 @@ fn main() -> ExitCode {
 
 fn run(app: std::sync::Arc<usher::App>, endpoint: Option<usher::metrics::Endpoint>) -> ExitCode {
     let config = app.config();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if config.workers > 0 {
+        runtime.worker_threads(config.workers);
+    }
+    let runtime = runtime.enable_all().build().expect("tokio runtime");
     runtime.block_on(async move {
         let server = match usher::Server::bind_app(app).await {
             Ok(s) => s,

@@ -424,3 +424,34 @@ async fn max_pinned_makes_the_next_pinner_wait() {
     assert_eq!(listening, "1");
     assert_eq!(pinned(&usher), 1, "c's");
 }
+
+/// A SQL PREPARE in a Query usher carries (the Query holds it alone) does
+/// not pin; one it does not carry (here inside a multi-statement Query)
+/// still pins until its DEALLOCATE, and the other client never sees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncarried_sql_prepare_pins_until_deallocated() {
+    let pg = PgCluster::shared();
+    let usher = usher(pg, "").await;
+    let port = usher.addr.port();
+    let a = connect(port).await;
+    a.run("PREPARE lone AS SELECT 1").await;
+    assert_eq!(pinned(&usher), 0, "a lone PREPARE is carried");
+    let pid = a.value("SELECT pg_backend_pid()").await;
+    a.run("PREPARE multi AS SELECT 2; SELECT 1").await;
+    assert_eq!(pinned(&usher), 1);
+    let mut b = meanwhile(
+        port,
+        "SELECT count(*)::text || ' ' || pg_backend_pid() FROM pg_prepared_statements \
+         WHERE name = 'multi'",
+    );
+    b_waits(&usher, &mut b, |seen, _| {
+        assert!(seen.starts_with("0 "), "b sees a's statement: {seen}")
+    })
+    .await;
+    assert_eq!(a.value("EXECUTE multi").await, "2");
+    assert_eq!(a.value("EXECUTE lone").await, "1");
+    a.run("DEALLOCATE multi").await;
+    let (b_sees, _) = b.await.unwrap();
+    assert_eq!(b_sees, format!("0 {pid}"));
+    assert_eq!(pinned(&usher), 0);
+}

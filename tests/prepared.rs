@@ -134,6 +134,15 @@ impl RawClient {
         self.until_ready().await
     }
 
+    /// A simple Query: its rows' first column and its error's SQLSTATE.
+    async fn query(&mut self, sql: &str) -> (Vec<String>, Option<String>) {
+        use tokio::io::AsyncWriteExt;
+        let mut out = bytes::BytesMut::new();
+        postgres_protocol::message::frontend::query(sql, &mut out).unwrap();
+        self.stream.write_all(&out).await.unwrap();
+        self.until_ready().await
+    }
+
     async fn parse(&mut self, name: &str, query: &str) -> Option<String> {
         self.send(|out| {
             postgres_protocol::message::frontend::parse(name, query, std::iter::empty(), out)
@@ -144,6 +153,16 @@ impl RawClient {
     }
 
     async fn execute(&mut self, name: &str) -> (Vec<String>, Option<String>) {
+        self.execute_with(name, false).await
+    }
+
+    /// Bind, Describe of the portal, Execute, Sync: as libpq's
+    /// PQexecPrepared (psycopg 3, Ruby pg, PHP PDO) runs a statement.
+    async fn execute_described(&mut self, name: &str) -> (Vec<String>, Option<String>) {
+        self.execute_with(name, true).await
+    }
+
+    async fn execute_with(&mut self, name: &str, describe: bool) -> (Vec<String>, Option<String>) {
         use postgres_protocol::message::frontend;
         self.send(|out| {
             frontend::bind(
@@ -161,6 +180,9 @@ impl RawClient {
             )
             .map_err(|_| ())
             .unwrap();
+            if describe {
+                frontend::describe(b'P', "", out).unwrap();
+            }
             frontend::execute("", 0, out).unwrap();
         })
         .await
@@ -436,4 +458,347 @@ async fn a_statement_made_stale_by_ddl_is_prepared_anew() {
     // The first client prepares again and is fine too.
     let stmt = first.prepare(sql).await.unwrap();
     assert_eq!(first.query(&stmt, &[]).await.unwrap()[0].len(), 2);
+}
+
+/// The pool's pinned server connections.
+fn pinned(usher: &Usher) -> usize {
+    usher
+        .app
+        .deps
+        .pools
+        .all()
+        .iter()
+        .find(|p| p.user == "alice")
+        .map_or(0, |p| p.pinned())
+}
+
+fn ok() -> (Vec<String>, Option<String>) {
+    (Vec::new(), None)
+}
+
+fn failed(code: &str) -> (Vec<String>, Option<String>) {
+    (Vec::new(), Some(code.to_string()))
+}
+
+/// psycopg 3, Rails and PHP PDO prepare at the protocol level and drop a
+/// statement with SQL `DEALLOCATE name`. Through usher the server has the
+/// statement under usher's name: the DEALLOCATE must forget the client's
+/// statement and answer as the server would, in and out of a transaction
+/// block, and leave other clients' statements of the same name alone; a
+/// name the client never prepared still gets PostgreSQL's own 26000.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_deallocate_forgets_a_protocol_level_statement() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(
+        pg,
+        "pool_mode: transaction\npool_size: 1\nauth: { method: trust }\n",
+    )
+    .await;
+    let mut a = RawClient::connect(&usher).await;
+    let mut b = RawClient::connect(&usher).await;
+    assert_eq!(a.parse("s1", "SELECT 'a'").await, None);
+    assert_eq!(b.parse("s1", "SELECT 'b'").await, None);
+    assert_eq!(a.execute("s1").await, (vec!["a".to_string()], None));
+    assert_eq!(
+        a.query("DEALLOCATE s1").await,
+        ok(),
+        "as the server answers"
+    );
+    assert_eq!(a.execute("s1").await, failed("26000"), "forgotten");
+    assert_eq!(a.query("DEALLOCATE s1").await, failed("26000"), "gone");
+    assert_eq!(b.execute("s1").await, (vec!["b".to_string()], None));
+    // DEALLOCATE PREPARE, quoted names, inside a transaction block.
+    assert_eq!(a.parse("Mixed", "SELECT 'm'").await, None);
+    assert_eq!(a.parse("s2", "SELECT 2").await, None);
+    assert_eq!(a.query("BEGIN").await, ok());
+    assert_eq!(a.query("DEALLOCATE PREPARE \"Mixed\";").await, ok());
+    assert_eq!(a.query("deallocate s2").await, ok());
+    assert_eq!(a.query("COMMIT").await, ok());
+    assert_eq!(a.execute("Mixed").await, failed("26000"));
+    assert_eq!(a.execute("s2").await, failed("26000"));
+    // An unquoted name is folded to lower case, as by PostgreSQL.
+    assert_eq!(a.parse("s3", "SELECT 3").await, None);
+    assert_eq!(a.query("DEALLOCATE S3").await, ok());
+    assert_eq!(a.query("DEALLOCATE nope").await, failed("26000"));
+    // In a failed transaction block the server's 25P02, and the statement stays.
+    assert_eq!(a.parse("s4", "SELECT '4'").await, None);
+    assert_eq!(a.query("BEGIN").await, ok());
+    assert_eq!(a.query("SELECT 1/0").await, failed("22012"));
+    assert_eq!(a.query("DEALLOCATE s4").await, failed("25P02"));
+    assert_eq!(a.query("ROLLBACK").await, ok());
+    assert_eq!(a.execute("s4").await, (vec!["4".to_string()], None));
+    assert_eq!(b.execute("s1").await, (vec!["b".to_string()], None));
+    // psycopg 3 sends its DEALLOCATE through the extended protocol (an
+    // unnamed Parse, Bind, Describe, Execute), twice in a row here.
+    assert_eq!(a.parse("_pg3_0", "SELECT 'x'").await, None);
+    for expect in [None, Some("26000".to_string())] {
+        let (_, e) = a
+            .send(|out| {
+                use postgres_protocol::message::frontend;
+                frontend::parse("", "DEALLOCATE _pg3_0", std::iter::empty(), out).unwrap();
+                frontend::bind(
+                    "",
+                    "",
+                    std::iter::empty::<i16>(),
+                    std::iter::empty::<()>(),
+                    |_, _| {
+                        Ok::<_, Box<dyn std::error::Error + Sync + Send>>(
+                            postgres_protocol::IsNull::Yes,
+                        )
+                    },
+                    Some(0),
+                    out,
+                )
+                .map_err(|_| ())
+                .unwrap();
+                frontend::describe(b'P', "", out).unwrap();
+                frontend::execute("", 0, out).unwrap();
+            })
+            .await;
+        assert_eq!(e, expect);
+    }
+    assert_eq!(a.execute("_pg3_0").await, failed("26000"));
+    // A protocol-level statement EXECUTEd in SQL, on a connection without it.
+    assert_eq!(a.parse("pe", "SELECT 'pe'").await, None);
+    assert_eq!(b.query("DEALLOCATE ALL").await, ok());
+    assert_eq!(a.query("EXECUTE pe").await, (vec!["pe".to_string()], None));
+    assert_eq!(pinned(&usher), 0);
+}
+
+/// SQL-level PREPARE / EXECUTE / DEALLOCATE in transaction mode, two
+/// clients on one server connection: each keeps its own statements under
+/// the same name, the server never holds the client's name, nothing pins,
+/// and a statement is prepared again on demand on a connection without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_prepare_and_execute_follow_their_client_without_pinning() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(
+        pg,
+        "pool_mode: transaction\npool_size: 1\nquery_wait_timeout: 2\nauth: { method: trust }\n",
+    )
+    .await;
+    let mut a = RawClient::connect(&usher).await;
+    let mut b = RawClient::connect(&usher).await;
+    assert_eq!(
+        a.query("PREPARE q (int) AS SELECT ($1 * 2)::text").await,
+        ok()
+    );
+    assert_eq!(pinned(&usher), 0, "a SQL PREPARE no longer pins");
+    assert_eq!(b.query("prepare Q as select 'b'").await, ok());
+    for i in 0..3 {
+        assert_eq!(
+            a.query(&format!("EXECUTE q({i})")).await,
+            (vec![(i * 2).to_string()], None)
+        );
+        assert_eq!(b.query("execute q").await, (vec!["b".to_string()], None));
+    }
+    // The server never has the client's name.
+    assert_eq!(
+        a.query("SELECT count(*)::text FROM pg_prepared_statements WHERE name = 'q'")
+            .await,
+        (vec!["0".to_string()], None)
+    );
+    // As PostgreSQL: a second PREPARE of the name, unknown names.
+    assert_eq!(a.query("PREPARE q AS SELECT 1").await, failed("42P05"));
+    assert_eq!(a.query("EXECUTE nope").await, failed("26000"));
+    assert_eq!(a.query("DEALLOCATE nope").await, failed("26000"));
+    // Inside a transaction block, and EXPLAIN EXECUTE.
+    assert_eq!(a.query("BEGIN").await, ok());
+    assert_eq!(
+        a.query("EXECUTE q (5)").await,
+        (vec!["10".to_string()], None)
+    );
+    assert_eq!(a.query("COMMIT").await, ok());
+    let (plan, e) = a.query("EXPLAIN (COSTS OFF) EXECUTE q(1)").await;
+    assert_eq!((plan.len(), e), (1, None), "{plan:?}");
+    // b's DEALLOCATE ALL drops every statement on the server connection:
+    // a's is prepared again where it runs next.
+    assert_eq!(b.query("DEALLOCATE ALL").await, ok());
+    assert_eq!(b.query("EXECUTE q").await, failed("26000"));
+    assert_eq!(
+        a.query("EXECUTE q(7)").await,
+        (vec!["14".to_string()], None)
+    );
+    // Run by name inside other statements, and among several in one Query.
+    assert_eq!(b.query("DEALLOCATE ALL").await, ok());
+    assert_eq!(
+        a.query("SELECT '1'; EXECUTE q(3)").await,
+        (vec!["1".to_string(), "6".to_string()], None)
+    );
+    assert_eq!(
+        a.query("DROP TABLE IF EXISTS sql_prep_ctas; CREATE TABLE sql_prep_ctas AS EXECUTE q(4)")
+            .await,
+        ok()
+    );
+    assert_eq!(
+        a.query("SELECT * FROM sql_prep_ctas").await,
+        (vec!["8".to_string()], None)
+    );
+    assert_eq!(a.query("DROP TABLE sql_prep_ctas").await, ok());
+    // A statement that fails to prepare leaves no name behind.
+    assert_eq!(
+        a.query("PREPARE bad AS SELECT * FROM no_such_table").await,
+        failed("42P01")
+    );
+    assert_eq!(a.query("EXECUTE bad").await, failed("26000"));
+    assert_eq!(a.query("DEALLOCATE q").await, ok());
+    assert_eq!(a.query("EXECUTE q(1)").await, failed("26000"));
+    assert_eq!(b.query("PREPARE q AS SELECT 'b again'").await, ok());
+    assert_eq!(
+        b.query("EXECUTE q").await,
+        (vec!["b again".to_string()], None)
+    );
+    assert_eq!(pinned(&usher), 0);
+}
+
+/// With two server connections: a client's SQL statement runs on whichever
+/// one its transaction gets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sql_prepared_statement_runs_on_any_server_connection() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(pg, "pool_mode: transaction\npool_size: 2\n").await;
+    let a = usher.alice().await;
+    let b = usher.alice().await;
+    a.batch_execute("PREPARE p (int) AS SELECT $1 + 1, pg_backend_pid()")
+        .await
+        .unwrap();
+    let mut pids = HashSet::new();
+    for i in 0..10 {
+        let holding = i % 2 == 0;
+        if holding {
+            b.batch_execute("BEGIN; SELECT 1").await.unwrap();
+        }
+        let rows = a.simple_query(&format!("EXECUTE p({i})")).await.unwrap();
+        match &rows[1] {
+            tokio_postgres::SimpleQueryMessage::Row(r) => {
+                assert_eq!(r.get(0), Some((i + 1).to_string().as_str()));
+                pids.insert(r.get(1).unwrap().to_string());
+            }
+            other => panic!("{other:?}"),
+        }
+        if holding {
+            b.batch_execute("COMMIT").await.unwrap();
+        }
+    }
+    assert_eq!(pids.len(), 2, "ran on both server connections: {pids:?}");
+    assert_eq!(pinned(&usher), 0);
+}
+
+/// DDL that changes a SQL-prepared statement's result type: outside a
+/// transaction block usher prepares it again and runs it, so the client
+/// gets the new shape instead of 0A000; inside one the error stands (the
+/// block is aborted), as directly, and the next use outside works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_sql_statement_is_prepared_again_and_retried_outside_a_block() {
+    let pg = PgCluster::shared();
+    let setup = "DROP TABLE IF EXISTS stale_sql; CREATE TABLE stale_sql (a int); \
+                 INSERT INTO stale_sql VALUES (1); GRANT ALL ON stale_sql TO alice";
+    pg.psql_super_db("app", setup);
+    let usher = Usher::start(
+        pg,
+        "pool_mode: transaction\npool_size: 1\nauth: { method: trust }\n",
+    )
+    .await;
+    let mut a = RawClient::connect(&usher).await;
+    assert_eq!(a.query("PREPARE s AS SELECT * FROM stale_sql").await, ok());
+    assert_eq!(a.query("EXECUTE s").await, (vec!["1".to_string()], None));
+    pg.psql_super_db("app", "ALTER TABLE stale_sql ALTER a TYPE text");
+    assert_eq!(
+        a.query("EXECUTE s").await,
+        (vec!["1".to_string()], None),
+        "retried after preparing it again"
+    );
+    pg.psql_super_db(
+        "app",
+        "ALTER TABLE stale_sql ALTER a TYPE bigint USING a::bigint",
+    );
+    // Inside a transaction block: the error, as directly.
+    assert_eq!(a.query("BEGIN").await, ok());
+    assert_eq!(a.query("EXECUTE s").await, failed("0A000"));
+    assert_eq!(a.query("ROLLBACK").await, ok());
+    assert_eq!(a.query("EXECUTE s").await, (vec!["1".to_string()], None));
+}
+
+/// A protocol-level statement made stale by DDL, run as libpq runs it
+/// (Bind, Describe of the portal, Execute, Sync) outside a transaction
+/// block: usher prepares it again and runs the segment again, so the client
+/// gets the new shape (with its RowDescription) instead of 0A000. Without
+/// the Describe (the client would read the rows with a description it
+/// kept), and inside a block, the error stands, as directly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_statement_run_as_libpq_runs_it_is_replayed_outside_a_block() {
+    let pg = PgCluster::shared();
+    pg.psql_super_db(
+        "app",
+        "DROP TABLE IF EXISTS stale_bind; CREATE TABLE stale_bind (a int); \
+         INSERT INTO stale_bind VALUES (1); GRANT ALL ON stale_bind TO alice",
+    );
+    let usher = Usher::start(
+        pg,
+        "pool_mode: transaction\npool_size: 1\nauth: { method: trust }\n",
+    )
+    .await;
+    let mut a = RawClient::connect(&usher).await;
+    let one = || (vec!["1".to_string()], None);
+    assert_eq!(a.parse("s", "SELECT * FROM stale_bind").await, None);
+    assert_eq!(a.execute_described("s").await, one());
+    pg.psql_super_db("app", "ALTER TABLE stale_bind ALTER a TYPE text");
+    assert_eq!(a.execute_described("s").await, one(), "replayed");
+    assert_eq!(a.execute_described("s").await, one());
+    pg.psql_super_db(
+        "app",
+        "ALTER TABLE stale_bind ALTER a TYPE bigint USING a::bigint",
+    );
+    assert_eq!(
+        a.execute("s").await,
+        failed("0A000"),
+        "no Describe: no replay"
+    );
+    assert_eq!(a.execute("s").await, one(), "prepared afresh");
+    pg.psql_super_db("app", "ALTER TABLE stale_bind ALTER a TYPE text");
+    assert_eq!(a.query("BEGIN").await, ok());
+    assert_eq!(
+        a.execute_described("s").await,
+        failed("0A000"),
+        "in a block"
+    );
+    assert_eq!(a.query("ROLLBACK").await, ok());
+    assert_eq!(a.execute_described("s").await, one());
+}
+
+/// An error in a rewritten statement points where it would directly: the
+/// position is told in the client's text, not usher's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_position_in_a_carried_statement_is_the_clients() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(pg, "pool_mode: transaction\npool_size: 1\n").await;
+    let through = usher.alice().await;
+    let direct = common::alice_with(pg.port, "").await;
+    through
+        .batch_execute("PREPARE \"näme\" (int) AS SELECT $1")
+        .await
+        .unwrap();
+    direct
+        .batch_execute("PREPARE \"näme\" (int) AS SELECT $1")
+        .await
+        .unwrap();
+    for sql in [
+        "PREPARE p1 AS SELECT $1a;",
+        "PREPARE p2 AS SELECT 1 +; -- trailing\n",
+        "  PREPARE \"a long name\" AS SELECT nope",
+        "EXECUTE \"näme\"(1 + )",
+        "EXPLAIN EXECUTE \"näme\" (1 +)",
+    ] {
+        let position = |e: tokio_postgres::Error| match e.as_db_error().and_then(|d| d.position()) {
+            Some(tokio_postgres::error::ErrorPosition::Original(p)) => Some(*p),
+            _ => None,
+        };
+        let expected = position(direct.batch_execute(sql).await.unwrap_err());
+        assert!(expected.is_some(), "{sql}");
+        assert_eq!(
+            position(through.batch_execute(sql).await.unwrap_err()),
+            expected,
+            "{sql}"
+        );
+    }
 }

@@ -398,6 +398,7 @@ fn shown_value(c: &Config, hooks_enabled: bool, key: &str) -> Option<String> {
         "max_client_conn" => c.max_client_conn.to_string(),
         "max_auth_clients" => c.max_auth_clients.to_string(),
         "max_auth_clients_per_address" => c.max_auth_clients_per_address.to_string(),
+        "workers" => c.workers.to_string(),
         "pool_mode" => c.pool_mode.to_string(),
         "pool_size" => c.pool_size.to_string(),
         "min_pool_size" => c.min_pool_size.to_string(),
@@ -459,6 +460,7 @@ mod tests {
                 "max_client_conn|10000|10000|yes",
                 "max_auth_clients|1000|1000|no",
                 "max_auth_clients_per_address|100|100|yes",
+                "workers|0|0|no",
                 "pool_mode|transaction|transaction|yes",
                 "pool_size|20|20|yes",
                 "min_pool_size|0|0|yes",
@@ -489,7 +491,7 @@ mod tests {
         );
         let c = Config::from_yaml(
             "listen: 0.0.0.0:7000\nmax_client_conn: 5\nmax_auth_clients: 6\n\
-             max_auth_clients_per_address: 2\npool_mode: session\npool_size: 7\n\
+             max_auth_clients_per_address: 2\nworkers: 3\npool_mode: session\npool_size: 7\n\
              min_pool_size: 1\nserver_reset_query: ''\nquery_wait_timeout: 1.5\n\
              server_connect_timeout: 2\nclient_idle_timeout: 3\nidle_transaction_timeout: 4\n\
              server_idle_timeout: 5\nserver_lifetime: 6\nserver_check_delay: 0\n\
@@ -512,6 +514,7 @@ mod tests {
                 "5",
                 "6",
                 "2",
+                "3",
                 "session",
                 "7",
                 "1",

@@ -11,6 +11,8 @@ use tokio::io::AsyncWriteExt;
 
 /// One row of booleans, in [`HeldState`]'s order. Outside a transaction
 /// block: no transaction-level advisory lock or cursor is left then.
+/// usher's own statements (`usher_<n>`, which carried SQL PREPAREs make
+/// with SQL too) are the pool's, not the client's: they do not pin.
 const HELD_STATE: &str = "SELECT \
      EXISTS (SELECT FROM pg_catalog.pg_listening_channels()), \
      EXISTS (SELECT FROM pg_catalog.pg_locks WHERE locktype = 'advisory' \
@@ -19,7 +21,8 @@ const HELD_STATE: &str = "SELECT \
      OR EXISTS (SELECT FROM pg_catalog.pg_proc WHERE pronamespace = pg_catalog.pg_my_temp_schema()) \
      OR EXISTS (SELECT FROM pg_catalog.pg_type WHERE typnamespace = pg_catalog.pg_my_temp_schema()), \
      EXISTS (SELECT FROM pg_catalog.pg_cursors WHERE is_holdable), \
-     EXISTS (SELECT FROM pg_catalog.pg_prepared_statements WHERE from_sql)";
+     EXISTS (SELECT FROM pg_catalog.pg_prepared_statements WHERE from_sql \
+             AND name !~ '^usher_[0-9]+$')";
 
 /// The state a session holds on its server connection.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

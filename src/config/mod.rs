@@ -174,6 +174,9 @@ pub struct Config {
     /// login slot.
     #[serde(default = "defaults::max_auth_clients_per_address")]
     pub max_auth_clients_per_address: usize,
+    /// Threads that serve clients (tokio worker threads); 0: one per CPU.
+    #[serde(default = "defaults::workers")]
+    pub workers: usize,
     /// Seconds running transactions get to finish on SIGTERM/SIGINT.
     #[serde(default = "defaults::shutdown_timeout")]
     pub shutdown_timeout: f64,
@@ -457,6 +460,7 @@ mod defaults {
         max_buffered_message: usize = "max_buffered_message";
         max_buffered_total: usize = "max_buffered_total";
         max_auth_clients: usize = "max_auth_clients";
+        workers: usize = "workers";
         max_auth_clients_per_address: usize = "max_auth_clients_per_address";
         metrics_max_connections: usize = "metrics.max_connections";
         metrics_request_timeout: f64 = "metrics.request_timeout";

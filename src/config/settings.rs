@@ -74,6 +74,7 @@ pub const SETTINGS: &[SettingSpec] = &[
         NewClients,
         SHOW,
     ),
+    s("workers", Value("0"), Restart, SHOW),
     s("pool_mode", Value("transaction"), NewClients, SHOW),
     s("pool_size", Value("20"), Live, SHOW),
     s("min_pool_size", Value("0"), Live, SHOW),

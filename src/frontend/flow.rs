@@ -25,15 +25,15 @@
 //! [`ClientStep`] or [`ServerStep`] it returns. The unit tests below drive
 //! a flow with byte fixtures, as `protocol/frames.rs` is tested.
 
-use super::prepared::{self, Answer, ResponsePlan};
-use super::sql_scan::{self, Effects, PinKinds};
+use super::prepared::{self, Answer, Prepares, QueryRewrite, ResponsePlan, Segment};
+use super::sql_scan::{self, Effects, PinKinds, SqlPrepared};
 use crate::backend::PreparedSet;
 use crate::config::{Pinning, PoolMode};
 use crate::protocol::error::sqlstate;
 use crate::protocol::messages;
 use crate::protocol::tags::{backend, frontend, status};
 use crate::protocol::PgError;
-use bytes::{BufMut, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use std::collections::VecDeque;
 
 /// Server ErrorResponses up to this size are read whole for their SQLSTATE.
@@ -84,6 +84,19 @@ pub enum ServerStep {
     /// The server's error for a refused statement: send usher's
     /// ([`Flow::take_refusal`]) instead.
     SendRefusal,
+    /// The client's EXECUTE failed because its statement is stale, outside
+    /// a transaction block, with nothing sent after it: drop the error and
+    /// send the Query again ([`Flow::take_retry`], rewritten afresh; the
+    /// statement was renewed by the error's note), telling the flow
+    /// ([`Flow::query_rewritten`]).
+    Retry,
+    /// The error of a rewritten Query, its position told in the client's
+    /// text: send [`Flow::take_error`] instead.
+    SendError,
+    /// The same for a protocol-level Bind (see [`Flow::copy_started`]):
+    /// drop the error and walk the client's copy of the segment again, in
+    /// front of what the client sent since (its ReadyForQuery is dropped).
+    Replay,
 }
 
 /// What a session does with its server connection at the end of a
@@ -171,6 +184,50 @@ pub struct Flow {
     refusal: Option<PgError>,
     syncs_sent: u64,
     ready_seen: u64,
+    /// Segments whose answers usher adjusts (SQL-level prepared
+    /// statements), oldest first; usually empty.
+    tracked: VecDeque<Tracked>,
+    /// The client's Query to send again (after [`ServerStep::Retry`]).
+    retry: Option<Bytes>,
+    /// SQL PREPAREs that failed: (the client's name, the statement id).
+    failed_prepares: Vec<(String, u64)>,
+    /// The first segment of which the session holds a copy of the
+    /// client's bytes, from its first byte on (a stale Bind's segment is
+    /// replayed from it).
+    copy: Option<u64>,
+    /// The shape of the extended-protocol segment being sent, and of the
+    /// last one sent (its Sync went).
+    shape: Shape,
+    last_shape: Shape,
+    /// Something of the segment being answered reached the client.
+    answered: bool,
+    /// The error to send after [`ServerStep::SendError`] (whole message).
+    error: Option<BytesMut>,
+}
+
+/// What an extended-protocol segment held, for the replay's safety.
+#[derive(Debug, Clone, Copy, Default)]
+struct Shape {
+    binds: u32,
+    /// A Describe of the portal followed the (last) Bind: the client reads
+    /// the rows with the RowDescription it gets now, not with one it kept.
+    described: bool,
+}
+
+/// Client segments up to this size are copied for a replay.
+pub const REPLAY_LIMIT: usize = 16 * 1024;
+
+/// A segment being answered whose answers usher adjusts.
+#[derive(Debug)]
+struct Tracked {
+    /// The ReadyForQuery that ends it (counted from 1).
+    segment: u64,
+    plan: Segment,
+    /// Its DEALLOCATE / PREPARE of the statement completed.
+    deallocated: bool,
+    made: bool,
+    /// usher's own segment before it failed: drop its first error.
+    swallow_error: bool,
 }
 
 impl Flow {
@@ -201,6 +258,14 @@ impl Flow {
             refusal: None,
             syncs_sent: 0,
             ready_seen: 0,
+            tracked: VecDeque::new(),
+            retry: None,
+            failed_prepares: Vec::new(),
+            copy: None,
+            shape: Shape::default(),
+            last_shape: Shape::default(),
+            answered: false,
+            error: None,
         }
     }
 
@@ -226,8 +291,18 @@ impl Flow {
 
     /// A client message (whole, or its head if it streams).
     pub fn client_message(&mut self, tag: u8, body: &[u8]) -> ClientStep {
+        let mut carried = false;
         let effects = match tag {
-            frontend::QUERY => Some(sql_scan::scan_query(body)),
+            frontend::QUERY => {
+                let mut effects = sql_scan::scan_query(body);
+                let command = self.carried_query(body);
+                // A statement run by name may be one of the client's.
+                carried = command.is_some() || effects.executes && self.carries_now();
+                if let Some(command) = command {
+                    self.carry_pins(command, &mut effects);
+                }
+                Some(effects)
+            }
             frontend::PARSE => Some(sql_scan::scan_parse(body)),
             frontend::BIND if !self.pinning_statements.is_empty() => {
                 self.bind_pins(body).map(|pins| Effects {
@@ -253,8 +328,16 @@ impl Flow {
                 Gate::Refuse(error) => refused = Some(error),
             }
         }
+        if self.rewriting {
+            self.note_shape(tag, body);
+        }
         let step = match tag {
             frontend::TERMINATE => return ClientStep::Terminate,
+            frontend::QUERY if carried && refused.is_none() => {
+                // Counted as it goes out (Flow::query_rewritten).
+                self.queries += 1;
+                ClientStep::Rewrite
+            }
             frontend::QUERY | frontend::SYNC | frontend::FUNCTION_CALL => {
                 self.queries += u64::from(tag == frontend::QUERY);
                 self.pending += 1;
@@ -307,6 +390,142 @@ impl Flow {
             }
             (None, None) => step,
         }
+    }
+
+    fn note_shape(&mut self, tag: u8, body: &[u8]) {
+        match tag {
+            frontend::BIND => {
+                self.shape.binds += 1;
+                self.shape.described = false;
+            }
+            frontend::DESCRIBE if body.first() == Some(&crate::protocol::tags::target::PORTAL) => {
+                self.shape.described |= self.shape.binds > 0;
+            }
+            frontend::SYNC => self.last_shape = std::mem::take(&mut self.shape),
+            frontend::QUERY | frontend::FUNCTION_CALL => {
+                self.shape = Shape::default();
+                self.last_shape = Shape::default();
+            }
+            _ => {}
+        }
+    }
+
+    /// The session starts copying what the client sends (nothing is in
+    /// flight: the next segment is the copy's first), up to
+    /// [`REPLAY_LIMIT`].
+    pub fn copy_started(&mut self) {
+        self.copy = Some(self.syncs_sent + 1);
+    }
+
+    /// The session's copy is gone (too large, or replayed).
+    pub fn copy_lost(&mut self) {
+        self.copy = None;
+    }
+
+    /// The session keeps a copy of what the client sends.
+    pub fn copying(&self) -> bool {
+        self.copy.is_some()
+    }
+
+    /// A Query usher carries as a statement about a prepared statement:
+    /// transaction mode with rewriting, read whole, and not in the middle
+    /// of an extended-protocol pipeline or COPY.
+    fn carried_query<'b>(&self, body: &'b [u8]) -> Option<SqlPrepared<'b>> {
+        if !self.carries_now() {
+            return None;
+        }
+        sql_scan::prepared_command(body.strip_suffix(&[0])?)
+    }
+
+    fn carries_now(&self) -> bool {
+        self.rewriting && !self.unsynced && !self.copy_in
+    }
+
+    /// A carried PREPARE pins nothing (the statement lives in usher); its
+    /// text's pins are those of each EXECUTE of it, as with a Bind of a
+    /// protocol-level statement; a DEALLOCATE forgets them.
+    fn carry_pins(&mut self, command: SqlPrepared<'_>, effects: &mut Effects) {
+        match command {
+            SqlPrepared::Prepare { name, .. } => {
+                let pins = effects
+                    .pins
+                    .without(PinKinds::SQL_PREPARE | PinKinds::UNKNOWN);
+                effects.pins = PinKinds::NONE;
+                if self.pinning != Pinning::Off && !pins.is_empty() {
+                    self.pinning_statements.retain(|(n, _)| *n != name);
+                    self.pinning_statements.push((name, pins));
+                }
+            }
+            SqlPrepared::Execute { name, .. } => {
+                for (_, pins) in self.pinning_statements.iter().filter(|(n, _)| *n == name) {
+                    effects.pins |= *pins;
+                }
+            }
+            SqlPrepared::Deallocate { name } => {
+                self.pinning_statements.retain(|(n, _)| *n != name);
+            }
+        }
+    }
+
+    /// A carried Query (the flow said [`ClientStep::Rewrite`]) went out as
+    /// `Rewriter::rewrite_query` made it: count its segments and track
+    /// what it asked for.
+    pub fn query_rewritten(&mut self, rewrite: QueryRewrite) {
+        let owns = !rewrite.own.is_empty();
+        for own in rewrite.own {
+            self.segment_sent();
+            self.track(own, false);
+        }
+        self.segment_sent();
+        if let Some(error) = rewrite.refused {
+            self.refusals.push_back((self.syncs_sent, error));
+        }
+        // After usher's own segments it is tracked: it may owe an error
+        // to drop.
+        self.track(rewrite.client, owns);
+    }
+
+    fn segment_sent(&mut self) {
+        self.pending += 1;
+        self.unsynced = false;
+        self.plan.sync_sent();
+        self.syncs_sent += 1;
+    }
+
+    fn track(&mut self, plan: Segment, always: bool) {
+        if plan == Segment::default() && !always {
+            return;
+        }
+        self.tracked.push_back(Tracked {
+            segment: self.syncs_sent,
+            plan,
+            deallocated: false,
+            made: false,
+            swallow_error: false,
+        });
+    }
+
+    /// The server connection is known to be in a failed transaction block
+    /// (nothing is in flight and the last ReadyForQuery said 'E').
+    pub fn known_failed_block(&self) -> bool {
+        self.quiet() && self.status == status::FAILED
+    }
+
+    /// The client's Query to send again, after [`ServerStep::Retry`].
+    pub fn take_retry(&mut self) -> Option<Bytes> {
+        self.retry.take()
+    }
+
+    /// SQL PREPAREs that failed since last asked: (client name, statement
+    /// id), for the session to forget.
+    pub fn take_failed_prepares(&mut self) -> Vec<(String, u64)> {
+        std::mem::take(&mut self.failed_prepares)
+    }
+
+    /// The tracked segment being answered now, if any.
+    fn answering(&mut self) -> Option<&mut Tracked> {
+        let now = self.ready_seen + 1;
+        self.tracked.front_mut().filter(|t| t.segment == now)
     }
 
     /// What a Bind of a statement whose text pins pins (all such
@@ -506,8 +725,19 @@ impl Flow {
                     self.refusals.pop_front();
                 }
                 self.status = body.first().copied().unwrap_or(status::IDLE);
+                self.answered = false;
                 if self.rewriting {
                     self.plan.ready(prepared);
+                }
+                if self
+                    .tracked
+                    .front()
+                    .is_some_and(|t| t.segment <= self.ready_seen)
+                {
+                    let own = self.segment_answered(prepared);
+                    if own {
+                        return (ServerStep::Drop, None);
+                    }
                 }
                 if self.status == status::IDLE && self.pending == 0 {
                     note = Some(Note::TransactionDone);
@@ -526,6 +756,17 @@ impl Flow {
                 note = messages::parse_parameter_status(body)
                     .map(|(name, value)| Note::Parameter { name, value });
                 ServerStep::Forward
+            }
+            backend::COMMAND_COMPLETE if self.answering().is_some() => {
+                let t = self.answering().expect("a tracked segment");
+                t.made |= body == b"PREPARE\0";
+                t.deallocated |= body == b"DEALLOCATE\0";
+                if t.plan.drop_completes > 0 {
+                    t.plan.drop_completes -= 1;
+                    ServerStep::Drop
+                } else {
+                    ServerStep::Forward
+                }
             }
             backend::COMMAND_COMPLETE => {
                 let discard_all = body == b"DISCARD ALL\0";
@@ -546,7 +787,42 @@ impl Flow {
             }
             backend::ERROR_RESPONSE => {
                 self.server_fatal |= messages::error_is_fatal(body);
-                if self.refused_answered(body) {
+                let adjusted = if body.is_empty() {
+                    // Not read whole: it goes as it is.
+                    None
+                } else if self.replayable(body, client_at_boundary) {
+                    // Its ReadyForQuery is dropped: the replay's is the
+                    // client's.
+                    self.tracked.push_front(Tracked {
+                        segment: self.ready_seen + 1,
+                        plan: Segment {
+                            own: true,
+                            ..Segment::default()
+                        },
+                        deallocated: false,
+                        made: false,
+                        swallow_error: false,
+                    });
+                    self.copy = None;
+                    Some(ServerStep::Replay)
+                } else {
+                    self.tracked_error(body)
+                };
+                if let Some(step) = adjusted {
+                    let code = messages::error_code(body).unwrap_or_default();
+                    let stale = if matches!(step, ServerStep::Retry | ServerStep::Replay)
+                        || step == ServerStep::SendError && code == STALE_STATEMENT
+                    {
+                        self.plan.take_used()
+                    } else {
+                        Vec::new()
+                    };
+                    note = (step != ServerStep::Drop || !stale.is_empty()).then(|| Note::Error {
+                        code: code.to_vec(),
+                        stale,
+                    });
+                    step
+                } else if self.refused_answered(body) {
                     ServerStep::SendRefusal
                 } else {
                     let code = messages::error_code(body).unwrap_or_default();
@@ -564,7 +840,135 @@ impl Flow {
             }
             _ => ServerStep::Forward,
         };
+        if tag != backend::READY_FOR_QUERY
+            && matches!(
+                step,
+                ServerStep::Forward
+                    | ServerStep::SendParseComplete
+                    | ServerStep::SendRefusal
+                    | ServerStep::SendError
+            )
+        {
+            self.answered = true;
+        }
         (step, note)
+    }
+
+    /// A stale statement's error (0A000) for a protocol-level Bind that
+    /// usher can run again: the segment began outside a transaction block
+    /// (the last ReadyForQuery said 'I': the error rolled back all it did),
+    /// it is the only one in flight and the last sent (nothing of the
+    /// client's after it has gone out, or is half read), the session holds
+    /// a copy of it whole, nothing of its answer reached the client yet,
+    /// and it is one Bind of a statement of usher's followed by a Describe
+    /// of its portal (libpq's PQexecPrepared: the client reads the rows
+    /// with the RowDescription the replay sends, never with one of the old
+    /// shape).
+    fn replayable(&self, body: &[u8], client_at_boundary: bool) -> bool {
+        let segment = self.ready_seen + 1;
+        self.rewriting
+            && messages::error_code(body) == Some(STALE_STATEMENT)
+            && client_at_boundary
+            && self.status == status::IDLE
+            && self.pending == 1
+            && self.syncs_sent == segment
+            && !self.unsynced
+            && self.copy == Some(segment)
+            && !self.answered
+            && self.last_shape.binds == 1
+            && self.last_shape.described
+            && self.plan.bound_usher_statement()
+            && self.tracked.is_empty()
+    }
+
+    /// A tracked segment's ReadyForQuery came: whether the statement it
+    /// PREPAREd is on the server now (a failed PREPARE: the client's name
+    /// is forgotten). Returns whether the segment was usher's own.
+    fn segment_answered(&mut self, prepared: &mut PreparedSet) -> bool {
+        let t = self.tracked.pop_front().expect("a tracked segment");
+        if let Some(Prepares {
+            id,
+            name,
+            after_deallocate,
+        }) = t.plan.prepares
+        {
+            // Untouched if neither ran (a failed block).
+            let present = t.made || (after_deallocate && !t.deallocated);
+            if !present {
+                prepared.pop(&id);
+            }
+            if let Some(name) = name.filter(|_| !t.made) {
+                self.failed_prepares.push((name, id));
+            }
+        }
+        t.plan.own
+    }
+
+    /// What to do with an error in a tracked segment, if it is not simply
+    /// forwarded: the error an EXECUTE gets after usher's own PREPARE of
+    /// its statement failed (the client sees that one), or a stale
+    /// statement's error that can be retried. A retry is safe when the
+    /// EXECUTE ran outside a transaction block (the last ReadyForQuery said
+    /// 'I', and a Query holding one statement is a transaction of its own,
+    /// rolled back by the error: nothing of it happened) and nothing the
+    /// client sent after it has gone out (the answers stay in order).
+    fn tracked_error(&mut self, body: &[u8]) -> Option<ServerStep> {
+        let (idle, syncs_sent, unsynced) =
+            (self.status == status::IDLE, self.syncs_sent, self.unsynced);
+        let t = self.answering()?;
+        if t.swallow_error {
+            t.swallow_error = false;
+            return Some(ServerStep::Drop);
+        }
+        if t.plan.own {
+            // The client's Query after usher's segments fails for it.
+            let own = t.segment;
+            if let Some(client) = self
+                .tracked
+                .iter_mut()
+                .find(|t| t.segment > own && !t.plan.own)
+            {
+                client.swallow_error = true;
+            }
+            return None;
+        }
+        let stale = messages::error_code(body) == Some(STALE_STATEMENT);
+        if let Some(moved) = Self::moved_position(&t.plan.edits, body) {
+            if !(stale && t.plan.retry.is_some()) {
+                let mut error = BytesMut::with_capacity(moved.len() + 5);
+                error.put_u8(backend::ERROR_RESPONSE);
+                error.put_u32(moved.len() as u32 + 4);
+                error.put_slice(&moved);
+                self.error = Some(error);
+                return Some(ServerStep::SendError);
+            }
+        }
+        if stale && t.plan.retry.is_some() && idle && syncs_sent == t.segment && !unsynced {
+            // Its ReadyForQuery is dropped; the retry is the client's now.
+            t.plan.own = true;
+            self.retry = t.plan.retry.take();
+            return Some(ServerStep::Retry);
+        }
+        None
+    }
+
+    /// An error body with its position (field P) told in the client's text,
+    /// if it has one and usher's text differs from the client's.
+    fn moved_position(edits: &[prepared::Edit], body: &[u8]) -> Option<Vec<u8>> {
+        if edits.is_empty() {
+            return None;
+        }
+        let position: usize = std::str::from_utf8(messages::error_field_of(body, b'P')?)
+            .ok()?
+            .parse()
+            .ok()?;
+        let moved = prepared::client_position(edits, position);
+        messages::with_error_field(body, b'P', moved.to_string().as_bytes())
+    }
+
+    /// The error to send after [`ServerStep::SendError`].
+    pub fn take_error(&mut self) -> Option<BytesMut> {
+        self.error.take()
     }
 
     /// An ErrorResponse is the server's answer to a refused message's
@@ -655,6 +1059,10 @@ impl Flow {
     /// The server connection went back: what is owed for it is forgotten.
     pub fn released(&mut self) {
         self.plan = ResponsePlan::default();
+        self.tracked.clear();
+        self.retry = None;
+        self.answered = false;
+        self.copy = None;
     }
 
     /// Nothing here differs from a new flow's state in what it decides
@@ -769,7 +1177,7 @@ pub fn refused_message(tag: u8, body: &[u8]) -> BytesMut {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::frontend::prepared::{ClientStatements, Rewriter, StatementRegistry};
+    use crate::frontend::prepared::{self, ClientStatements, Rewriter, StatementRegistry};
     use crate::protocol::frames::{FrameWalker, Visit};
     use bytes::BytesMut;
 
@@ -855,6 +1263,9 @@ mod tests {
                             ServerStep::Drop
                                 | ServerStep::SendParseComplete
                                 | ServerStep::SendRefusal
+                                | ServerStep::Retry
+                                | ServerStep::Replay
+                                | ServerStep::SendError
                         )
                     })
                 {
@@ -1490,5 +1901,517 @@ mod tests {
             ready(status::IDLE),
         ]));
         assert!(h.flow.pinning_statements.is_empty());
+    }
+
+    /// A client's carried Query through the flow and the rewriter, as the
+    /// serve loop does it: the bytes that go to the server.
+    fn carried(
+        h: &mut Harness,
+        registry: &StatementRegistry,
+        statements: &mut ClientStatements,
+        sql: &str,
+    ) -> Vec<u8> {
+        let message = query(sql);
+        assert_eq!(h.client(&message), [ClientStep::Rewrite], "{sql}");
+        let failed_block = h.flow.known_failed_block();
+        let mut out = BytesMut::new();
+        let rewrite = Rewriter {
+            registry,
+            statements,
+            prepared: &mut h.prepared,
+            plan: h.flow.plan_mut(),
+        }
+        .rewrite_query(&message[5..], failed_block, true, &mut out);
+        if rewrite.refused.is_some() {
+            out = refused_message(frontend::QUERY, &message[5..]);
+        }
+        h.flow.query_rewritten(rewrite);
+        out.to_vec()
+    }
+
+    /// The Query texts in bytes sent to the server (and 'P'/'S' for a Parse
+    /// or a Sync).
+    fn texts(bytes: &[u8]) -> Vec<String> {
+        let mut out = vec![];
+        let mut at = 0;
+        while at < bytes.len() {
+            let len = u32::from_be_bytes(bytes[at + 1..at + 5].try_into().unwrap()) as usize;
+            let body = &bytes[at + 5..at + 1 + len];
+            out.push(match bytes[at] {
+                frontend::QUERY => String::from_utf8_lossy(&body[..body.len() - 1]).into_owned(),
+                other => (other as char).to_string(),
+            });
+            at += 1 + len;
+        }
+        out
+    }
+
+    fn error(code: &str) -> Vec<u8> {
+        msg(
+            backend::ERROR_RESPONSE,
+            format!("SERROR\0C{code}\0Mit failed\0\0").as_bytes(),
+        )
+    }
+
+    /// SQL PREPARE / EXECUTE / DEALLOCATE in one Query: carried under
+    /// usher's name, nothing pins; an EXECUTE on a connection without the
+    /// statement prepares it first in a segment of usher's own whose
+    /// answers the client never sees.
+    #[test]
+    fn sql_prepared_statements_are_carried_without_pinning() {
+        let registry = StatementRegistry::default();
+        let mut statements = ClientStatements::default();
+        let mut h = Harness::new(PoolMode::Transaction, true);
+        let out = carried(
+            &mut h,
+            &registry,
+            &mut statements,
+            "PREPARE q (int) AS SELECT $1",
+        );
+        assert_eq!(texts(&out), ["PREPARE usher_1 (int) AS SELECT $1"]);
+        let got = h.server(&cat(&[complete("PREPARE"), ready(status::IDLE)]));
+        assert_eq!(steps(&got), [Forward, ForwardThenRelease]);
+        assert_eq!(h.flow.transaction_end(), PinStep::Release, "no pin");
+        h.flow.released();
+        assert_eq!(statements.len(), 1);
+        // The same connection: EXECUTE under usher's name.
+        let out = carried(&mut h, &registry, &mut statements, "EXECUTE q(1)");
+        assert_eq!(texts(&out), ["EXECUTE usher_1(1)"]);
+        let rows = cat(&[
+            msg(backend::ROW_DESCRIPTION, b"..."),
+            msg(backend::DATA_ROW, b"..."),
+            complete("SELECT 1"),
+            ready(status::IDLE),
+        ]);
+        assert_eq!(
+            steps(&h.server(&rows)),
+            [Forward, Forward, Forward, ForwardThenRelease]
+        );
+        h.flow.released();
+        // Another connection: PREPARE first, its answers dropped.
+        h.prepared.clear();
+        let out = carried(&mut h, &registry, &mut statements, "EXECUTE q (2)");
+        assert_eq!(
+            texts(&out),
+            ["PREPARE usher_1 (int) AS SELECT $1", "EXECUTE usher_1 (2)"]
+        );
+        assert_eq!(h.flow.pending(), 2);
+        let got = h.server(&cat(&[
+            complete("PREPARE"),
+            ready(status::IDLE),
+            rows.clone(),
+        ]));
+        assert_eq!(
+            steps(&got),
+            [
+                ServerStep::Drop,
+                ServerStep::Drop,
+                Forward,
+                Forward,
+                Forward,
+                ForwardThenRelease
+            ]
+        );
+        assert!(h.prepared.contains(&1));
+        h.flow.released();
+        // If that PREPARE fails, the client sees its error once.
+        h.prepared.clear();
+        carried(&mut h, &registry, &mut statements, "EXECUTE q(3)");
+        let got = h.server(&cat(&[
+            error("42P01"),
+            ready(status::IDLE),
+            error("26000"),
+            ready(status::IDLE),
+        ]));
+        assert_eq!(
+            steps(&got),
+            [
+                Forward,
+                ServerStep::Drop,
+                ServerStep::Drop,
+                ForwardThenRelease
+            ]
+        );
+        assert!(!h.prepared.contains(&1), "not on the server");
+        h.flow.released();
+        // A new text; then q's text under another name, on a connection
+        // that has it: the same server statement, prepared again.
+        let out = carried(
+            &mut h,
+            &registry,
+            &mut statements,
+            "prepare r(int) as select $1",
+        );
+        assert_eq!(texts(&out), ["PREPARE usher_2(int) as select $1"]);
+        h.prepared.put(1, ());
+        let out = carried(
+            &mut h,
+            &registry,
+            &mut statements,
+            "PREPARE s (int) AS SELECT $1",
+        );
+        assert_eq!(
+            texts(&out),
+            ["DEALLOCATE usher_1; PREPARE usher_1 (int) AS SELECT $1"]
+        );
+        let got = h.server(&cat(&[
+            complete("PREPARE"),
+            ready(status::IDLE),
+            complete("DEALLOCATE"),
+            complete("PREPARE"),
+            ready(status::IDLE),
+        ]));
+        assert_eq!(
+            steps(&got),
+            [
+                Forward,
+                Forward,
+                ServerStep::Drop,
+                Forward,
+                ForwardThenRelease
+            ]
+        );
+        assert!(h.prepared.contains(&1) && h.prepared.contains(&2));
+        // DEALLOCATE of a known name: a stand-in answers DEALLOCATE.
+        let out = carried(&mut h, &registry, &mut statements, "DEALLOCATE r");
+        assert_eq!(texts(&out), [prepared::DEALLOCATE_STAND_IN]);
+        let got = h.server(&cat(&[
+            complete("PREPARE"),
+            complete("DEALLOCATE"),
+            ready(status::IDLE),
+        ]));
+        assert_eq!(steps(&got), [ServerStep::Drop, Forward, ForwardThenRelease]);
+        assert_eq!(statements.len(), 2, "q and s are left");
+        // A name the client does not have goes as it is.
+        let out = carried(&mut h, &registry, &mut statements, "DEALLOCATE r");
+        assert_eq!(texts(&out), ["DEALLOCATE r"]);
+        h.server(&cat(&[error("26000"), ready(status::IDLE)]));
+        let out = carried(&mut h, &registry, &mut statements, "EXECUTE nope");
+        assert_eq!(texts(&out), ["EXECUTE nope"]);
+        h.server(&cat(&[error("26000"), ready(status::IDLE)]));
+        assert_eq!(h.flow.transaction_end(), PinStep::Release);
+    }
+
+    #[test]
+    fn a_failed_sql_prepare_leaves_no_name_and_a_second_one_is_refused() {
+        let registry = StatementRegistry::default();
+        let mut statements = ClientStatements::default();
+        let mut h = Harness::new(PoolMode::Transaction, true);
+        carried(
+            &mut h,
+            &registry,
+            &mut statements,
+            "PREPARE bad AS SELECT * FROM nothing",
+        );
+        h.server(&cat(&[error("42P01"), ready(status::IDLE)]));
+        for (name, id) in h.flow.take_failed_prepares() {
+            statements.forget_failed(&name, id);
+        }
+        assert!(statements.is_empty() && h.prepared.is_empty());
+        h.flow.released();
+        carried(&mut h, &registry, &mut statements, "PREPARE q AS SELECT 1");
+        h.server(&cat(&[complete("PREPARE"), ready(status::IDLE)]));
+        assert!(h.flow.take_failed_prepares().is_empty());
+        h.flow.released();
+        // The name again: 42P05 as PostgreSQL says, by a stand-in.
+        let out = carried(&mut h, &registry, &mut statements, "PREPARE q AS SELECT 2");
+        assert!(String::from_utf8_lossy(&out).contains(REFUSED_MARKER));
+        let got = h.server(&cat(&[
+            msg(
+                backend::ERROR_RESPONSE,
+                format!("SERROR\0C42703\0Mcolumn \"{REFUSED_MARKER}\" does not exist\0\0")
+                    .as_bytes(),
+            ),
+            ready(status::IDLE),
+        ]));
+        assert_eq!(steps(&got), [ServerStep::SendRefusal, ForwardThenRelease]);
+        assert_eq!(h.flow.take_refusal().unwrap().code, "42P05");
+        // In a failed block a DEALLOCATE goes as it is (25P02; kept).
+        h.client(&query("BEGIN"));
+        h.server(&cat(&[complete("BEGIN"), ready(status::IN_TRANSACTION)]));
+        h.client(&query("SELECT 1/0"));
+        h.server(&cat(&[error("22012"), ready(status::FAILED)]));
+        let out = carried(&mut h, &registry, &mut statements, "DEALLOCATE q");
+        assert_eq!(texts(&out), ["DEALLOCATE q"]);
+        h.server(&cat(&[error("25P02"), ready(status::FAILED)]));
+        assert_eq!(statements.len(), 1);
+        // A PREPARE there fails before it does anything: the connection
+        // keeps the statement it had, the client gets no name.
+        let id = 3; // bad was 1, q 2
+        h.prepared.put(id, ());
+        let out = carried(&mut h, &registry, &mut statements, "PREPARE p AS SELECT 9");
+        assert_eq!(
+            texts(&out),
+            ["DEALLOCATE usher_3; PREPARE usher_3 AS SELECT 9"]
+        );
+        h.server(&cat(&[error("25P02"), ready(status::FAILED)]));
+        assert!(
+            h.prepared.contains(&id),
+            "the DEALLOCATE did not run either"
+        );
+        for (name, id) in h.flow.take_failed_prepares() {
+            statements.forget_failed(&name, id);
+        }
+        assert_eq!(statements.len(), 1, "p is not the client's");
+    }
+
+    #[test]
+    fn a_stale_sql_execute_is_retried_only_outside_a_block_and_last() {
+        let registry = StatementRegistry::default();
+        let mut statements = ClientStatements::default();
+        let mut h = Harness::new(PoolMode::Transaction, true);
+        carried(
+            &mut h,
+            &registry,
+            &mut statements,
+            "PREPARE s AS SELECT * FROM t",
+        );
+        h.server(&cat(&[complete("PREPARE"), ready(status::IDLE)]));
+        h.flow.released();
+        carried(&mut h, &registry, &mut statements, "EXECUTE s");
+        let got = h.server(&cat(&[error("0A000"), ready(status::IDLE)]));
+        assert_eq!(steps(&got), [ServerStep::Retry, ServerStep::Drop]);
+        assert_eq!(
+            got[0].1,
+            Some(Note::Error {
+                code: b"0A000".to_vec(),
+                stale: vec![1]
+            }),
+            "the statement is renewed before the retry"
+        );
+        statements.renew(&[1], &registry);
+        let body = h.flow.take_retry().expect("the client's Query");
+        assert_eq!(&body[..], b"EXECUTE s\0");
+        let mut out = BytesMut::new();
+        let rewrite = Rewriter {
+            registry: &registry,
+            statements: &mut statements,
+            prepared: &mut h.prepared,
+            plan: h.flow.plan_mut(),
+        }
+        .rewrite_query(&body, false, false, &mut out);
+        assert_eq!(
+            texts(&out),
+            ["PREPARE usher_2 AS SELECT * FROM t", "EXECUTE usher_2"]
+        );
+        h.flow.query_rewritten(rewrite);
+        let got = h.server(&cat(&[
+            complete("PREPARE"),
+            ready(status::IDLE),
+            complete("SELECT 0"),
+            ready(status::IDLE),
+        ]));
+        assert_eq!(
+            steps(&got),
+            [
+                ServerStep::Drop,
+                ServerStep::Drop,
+                Forward,
+                ForwardThenRelease
+            ]
+        );
+        h.flow.released();
+        // Inside a block: the error stands (and a retry's failure too).
+        h.client(&query("BEGIN"));
+        h.server(&cat(&[complete("BEGIN"), ready(status::IN_TRANSACTION)]));
+        carried(&mut h, &registry, &mut statements, "EXECUTE s");
+        let got = h.server(&cat(&[error("0A000"), ready(status::FAILED)]));
+        assert_eq!(steps(&got), [Forward, Forward]);
+        assert!(h.flow.take_retry().is_none());
+        h.client(&query("ROLLBACK"));
+        h.server(&cat(&[complete("ROLLBACK"), ready(status::IDLE)]));
+        h.flow.released();
+        // Outside one, but with another Query sent after it: not retried.
+        carried(&mut h, &registry, &mut statements, "EXECUTE s");
+        h.client(&query("SELECT 1"));
+        let got = h.server(&cat(&[error("0A000"), ready(status::IDLE)]));
+        assert_eq!(steps(&got), [Forward, Forward]);
+    }
+
+    #[test]
+    fn what_usher_does_not_carry_still_pins() {
+        let registry = StatementRegistry::default();
+        let mut statements = ClientStatements::default();
+        let mut h = Harness::new(PoolMode::Transaction, true);
+        // Several statements in one Query: the server gets the client's name.
+        let sql = "PREPARE a AS SELECT 1; EXECUTE a";
+        assert_eq!(h.client(&query(sql)), [ClientStep::Pin]);
+        h.flow.slot_taken();
+        let out = carried(&mut h, &registry, &mut statements, sql);
+        assert_eq!(texts(&out), [sql], "as it is: a is not usher's");
+        h.server(&cat(&[
+            complete("PREPARE"),
+            complete("SELECT 1"),
+            ready(status::IDLE),
+        ]));
+        assert_eq!(h.flow.transaction_end(), PinStep::Keep);
+        // After an unsynced extended message: not carried either.
+        let mut h = Harness::new(PoolMode::Transaction, true);
+        h.flow.slot_taken();
+        let steps = h.client(&cat(&[
+            msg(frontend::PARSE, b"\0select 1\0\0\0"),
+            query("PREPARE b AS SELECT 1"),
+        ]));
+        assert_eq!(steps, [ClientStep::Forward, ClientStep::Forward]);
+        // Without rewriting (prepared_statements: 0) PREPARE pins as before.
+        let mut h = Harness::new(PoolMode::Transaction, false);
+        assert_eq!(h.client(&query("PREPARE c AS SELECT 1")), [ClientStep::Pin]);
+        // A carried PREPARE of a text that pins pins at its EXECUTE.
+        let mut statements = ClientStatements::default();
+        let mut h = Harness::new(PoolMode::Transaction, true);
+        carried(
+            &mut h,
+            &registry,
+            &mut statements,
+            "PREPARE l AS SELECT pg_advisory_lock(1)",
+        );
+        h.server(&cat(&[complete("PREPARE"), ready(status::IDLE)]));
+        assert_eq!(h.flow.transaction_end(), PinStep::Release);
+        h.flow.released();
+        assert_eq!(h.client(&query("EXECUTE l")), [ClientStep::Pin]);
+        h.flow.slot_taken();
+        carried(&mut h, &registry, &mut statements, "EXECUTE l");
+        h.server(&cat(&[complete("SELECT 1"), ready(status::IDLE)]));
+        assert_eq!(h.flow.transaction_end(), PinStep::Keep);
+    }
+
+    /// A stale statement bound as libpq binds it (Bind, Describe portal,
+    /// Execute, Sync), outside a block, alone and last: the error and its
+    /// ReadyForQuery are dropped and the segment is walked again; in other
+    /// shapes the error goes to the client.
+    #[test]
+    fn a_stale_bind_is_replayed_only_when_the_client_reads_the_new_shape() {
+        let registry = StatementRegistry::default();
+        let mut statements = ClientStatements::default();
+        let mut h = Harness::new(PoolMode::Transaction, true);
+        let parse = msg(frontend::PARSE, b"s\0select * from t\0\0\0");
+        let bind = msg(frontend::BIND, b"\0s\0\0\0\0\0\0\0");
+        let mut rewrite = |h: &mut Harness, m: &[u8]| {
+            let mut out = BytesMut::new();
+            let mut w = Rewriter {
+                registry: &registry,
+                statements: &mut statements,
+                prepared: &mut h.prepared,
+                plan: h.flow.plan_mut(),
+            };
+            if m[0] == frontend::BIND {
+                w.rewrite_bind_head("", "s", 4, &mut out);
+            } else {
+                w.rewrite(m[0], &m[5..], &mut out).unwrap();
+            }
+            h.flow.rewritten();
+        };
+        h.client(&parse);
+        rewrite(&mut h, &parse);
+        h.client(&msg(frontend::SYNC, b""));
+        h.server(&cat(&[
+            msg(backend::PARSE_COMPLETE, b""),
+            ready(status::IDLE),
+        ]));
+        h.flow.released();
+        let tail = cat(&[
+            msg(frontend::DESCRIBE, b"P\0"),
+            msg(frontend::EXECUTE, b"\0\0\0\0\0"),
+            msg(frontend::SYNC, b""),
+        ]);
+        let segment =
+            |h: &mut Harness, rewrite: &mut dyn FnMut(&mut Harness, &[u8]), tail: &[u8]| {
+                h.flow.copy_started();
+                assert_eq!(h.client(&bind), [ClientStep::Rewrite]);
+                rewrite(h, &bind);
+                h.client(tail);
+            };
+        segment(&mut h, &mut rewrite, &tail);
+        let got = h.server(&cat(&[error("0A000"), ready(status::IDLE)]));
+        assert_eq!(steps(&got), [ServerStep::Replay, ServerStep::Drop]);
+        assert!(matches!(&got[0].1, Some(Note::Error { stale, .. }) if stale == &[1]));
+        assert!(
+            h.flow.quiet() && !h.flow.copying(),
+            "walked again from the copy"
+        );
+        // Without the Describe: the client kept a description; no replay.
+        let bare = cat(&[
+            msg(frontend::EXECUTE, b"\0\0\0\0\0"),
+            msg(frontend::SYNC, b""),
+        ]);
+        segment(&mut h, &mut rewrite, &bare);
+        let got = h.server(&cat(&[error("0A000"), ready(status::IDLE)]));
+        assert_eq!(steps(&got), [Forward, ForwardThenRelease]);
+        h.flow.released();
+        // Without a copy of the segment (too large, or not from its start).
+        assert_eq!(h.client(&bind), [ClientStep::Rewrite]);
+        rewrite(&mut h, &bind);
+        h.client(&tail);
+        let got = h.server(&cat(&[error("0A000"), ready(status::IDLE)]));
+        assert_eq!(steps(&got), [Forward, ForwardThenRelease]);
+        h.flow.released();
+        // Something of its answer already reached the client.
+        segment(&mut h, &mut rewrite, &tail);
+        let got = h.server(&cat(&[
+            msg(backend::NOTICE_RESPONSE, b"SNOTICE\0C00000\0Mhi\0\0"),
+            error("0A000"),
+            ready(status::IDLE),
+        ]));
+        assert_eq!(steps(&got), [Forward, Forward, ForwardThenRelease]);
+        h.flow.released();
+        // Inside a transaction block.
+        h.client(&query("BEGIN"));
+        h.server(&cat(&[complete("BEGIN"), ready(status::IN_TRANSACTION)]));
+        segment(&mut h, &mut rewrite, &tail);
+        let got = h.server(&cat(&[error("0A000"), ready(status::FAILED)]));
+        assert_eq!(steps(&got), [Forward, Forward]);
+    }
+
+    #[test]
+    fn an_error_position_is_told_in_the_clients_text() {
+        let registry = StatementRegistry::default();
+        let mut statements = ClientStatements::default();
+        let mut h = Harness::new(PoolMode::Transaction, true);
+        // "PREPARE p1 AS SELECT $1a": the server got "PREPARE usher_1 AS
+        // SELECT $1a", 5 characters longer before the error.
+        carried(
+            &mut h,
+            &registry,
+            &mut statements,
+            "PREPARE p1 AS SELECT $1a",
+        );
+        let got = h.server(&cat(&[
+            msg(
+                backend::ERROR_RESPONSE,
+                b"SERROR\0C42601\0Mtrailing junk\0P24\0\0",
+            ),
+            ready(status::IDLE),
+        ]));
+        assert_eq!(steps(&got), [ServerStep::SendError, ForwardThenRelease]);
+        let e = h.flow.take_error().unwrap();
+        assert_eq!(&e[5..], b"SERROR\0C42601\0Mtrailing junk\0P19\0\0");
+        h.flow.released();
+        // Inside a rewritten name: its start; after several, each shift.
+        carried(&mut h, &registry, &mut statements, "PREPARE q AS SELECT 1");
+        h.server(&cat(&[complete("PREPARE"), ready(status::IDLE)]));
+        h.flow.released();
+        h.prepared.put(1, ());
+        carried(
+            &mut h,
+            &registry,
+            &mut statements,
+            "EXECUTE q; EXECUTE q; SELECT x",
+        );
+        h.server(&cat(&[error("42703"), ready(status::IDLE)]));
+        use prepared::{client_position, Edit};
+        let edits = [
+            Edit {
+                server: 8..15,
+                client: 8..9,
+            },
+            Edit {
+                server: 25..32,
+                client: 19..20,
+            },
+        ];
+        assert_eq!(client_position(&edits, 3), 3);
+        assert_eq!(client_position(&edits, 10), 9);
+        assert_eq!(client_position(&edits, 17), 11);
+        assert_eq!(client_position(&edits, 40), 28);
     }
 }

@@ -16,7 +16,18 @@
 //! that does not exist stands in for it, to keep the answers in order).
 //! After an error the server skips to the next Sync, so answers still owed
 //! for an earlier Sync are forgotten at each ReadyForQuery.
+//!
+//! SQL-level statements (a Query holding one `PREPARE name ... AS`,
+//! `EXECUTE name`, `EXPLAIN ... EXECUTE name` or `DEALLOCATE name`,
+//! `sql_scan::prepared_command`) are carried the same way:
+//! [`Rewriter::rewrite_query`] rewrites the client's name to usher's,
+//! prepares the statement first (a Query of its own, or a Parse + Sync for
+//! a protocol-level one) where the server connection lacks it, and
+//! answers a DEALLOCATE with a stand-in; what it did is a [`QueryRewrite`]
+//! the flow tracks (answers to drop, the PREPARE to confirm, a stale
+//! EXECUTE to run again).
 
+use super::sql_scan::{self, SqlPrepared};
 use crate::backend::PreparedSet;
 use crate::protocol::tags::{backend, frontend, target};
 use crate::protocol::PgError;
@@ -28,6 +39,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A statement name no server connection ever holds.
 const ABSENT_STATEMENT: &str = "usher_absent";
+
+/// What stands in for a client's `DEALLOCATE name` of a statement usher
+/// carries: the server answers it `DEALLOCATE` (after a `PREPARE` usher
+/// drops) and keeps nothing, whatever the transaction state.
+pub(crate) const DEALLOCATE_STAND_IN: &str =
+    "PREPARE usher_deallocate AS SELECT; DEALLOCATE usher_deallocate";
+
+/// The statement the stand-ins make and drop.
+const DEALLOCATE_STAND_IN_NAME: &str = "usher_deallocate";
+
+/// The SQLSTATE of "prepared statement ... already exists".
+const DUPLICATE_PREPARED_STATEMENT: &str = "42P05";
 
 /// Distinct statements the registry remembers at most; past it, it starts
 /// over (statements already prepared keep their names; new Parses of the
@@ -92,12 +115,24 @@ pub fn server_name(id: u64) -> String {
     format!("usher_{id}")
 }
 
+/// How the client prepared a statement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// A Parse message.
+    Protocol,
+    /// A SQL `PREPARE`.
+    Sql,
+}
+
 /// A client's named statement.
 #[derive(Debug, Clone)]
 struct Statement {
     id: u64,
-    /// The Parse body after the name: query text, NUL, parameter types.
+    /// Protocol: the Parse body after the name (query text, NUL, parameter
+    /// types). SQL: the PREPARE text after the name (`[(types)] AS ...`;
+    /// never a NUL, so never the same key as a Parse's).
     definition: Bytes,
+    kind: Kind,
 }
 
 /// The named statements one client has prepared.
@@ -123,6 +158,18 @@ impl ClientStatements {
             if stale.contains(&stmt.id) {
                 stmt.id = registry.renew(&stmt.definition, stmt.id);
             }
+        }
+    }
+
+    /// A SQL PREPARE of `name` (as statement `id`) failed on the server:
+    /// the client has no such statement (unless it prepared the name again
+    /// since).
+    pub fn forget_failed(&mut self, name: &str, id: u64) {
+        if self
+            .get(name)
+            .is_some_and(|s| s.id == id && s.kind == Kind::Sql)
+        {
+            self.remove(name);
         }
     }
 
@@ -169,6 +216,8 @@ enum Expect {
     ParseAsClose,
     /// A Parse of server statement `id`; `forward` if the client asked for it.
     Prepared { id: u64, forward: bool },
+    /// usher's own Parse or Close the client never sent.
+    Drop,
 }
 
 /// The ParseComplete/CloseComplete answers owed by one server connection
@@ -224,6 +273,12 @@ impl ResponsePlan {
         }
     }
 
+    /// A statement of usher's was bound or described since the last
+    /// ReadyForQuery.
+    pub fn bound_usher_statement(&self) -> bool {
+        !self.used.is_empty()
+    }
+
     /// The server statements an error since the last ReadyForQuery may be
     /// about.
     pub fn take_used(&mut self) -> Vec<u64> {
@@ -238,6 +293,7 @@ impl ResponsePlan {
                 Answer::Drop
             }
             (backend::CLOSE_COMPLETE, Some(Expect::ParseAsClose)) => Answer::AsParseComplete,
+            (_, Some(Expect::Drop)) => Answer::Drop,
             (_, Some(_)) => Answer::Forward,
             (_, None) => {
                 tracing::warn!(tag = %(tag as char), "unexpected answer from server; passing it on");
@@ -251,7 +307,9 @@ impl ResponsePlan {
 /// `body` is the whole message body.
 pub fn needs_rewrite(tag: u8, body: &[u8]) -> bool {
     match tag {
-        frontend::PARSE => body.first().is_some_and(|b| *b != 0),
+        frontend::PARSE => {
+            body.first().is_some_and(|b| *b != 0) || unnamed_deallocate(body).is_some()
+        }
         frontend::BIND => {
             // portal name, then statement name
             let Some(end) = body.iter().position(|b| *b == 0) else {
@@ -263,6 +321,18 @@ pub fn needs_rewrite(tag: u8, body: &[u8]) -> bool {
             body.first() == Some(&target::STATEMENT) && body.get(1).is_some_and(|b| *b != 0)
         }
         _ => false,
+    }
+}
+
+/// The name in an unnamed Parse of `DEALLOCATE [PREPARE] name` (how
+/// psycopg 3 drops a statement: its SQL commands go through the extended
+/// protocol).
+pub fn unnamed_deallocate(body: &[u8]) -> Option<String> {
+    let text = body.strip_prefix(&[0])?;
+    let end = text.iter().position(|b| *b == 0)?;
+    match sql_scan::prepared_command(&text[..end])? {
+        SqlPrepared::Deallocate { name } => Some(name),
+        _ => None,
     }
 }
 
@@ -288,6 +358,41 @@ impl Rewriter<'_> {
     /// appending what to send to the server to `out`.
     pub fn rewrite(&mut self, tag: u8, body: &[u8], out: &mut BytesMut) -> Result<(), PgError> {
         match tag {
+            frontend::PARSE if body.first() == Some(&0) => {
+                // An unnamed Parse of DEALLOCATE name (needs_rewrite).
+                let known = unnamed_deallocate(body)
+                    .filter(|name| self.statements.get(name).is_some());
+                let start = begin(out, frontend::PARSE);
+                match known {
+                    Some(name) => {
+                        // A statement of usher's own stands in for the
+                        // client's: the DEALLOCATE drops it and answers
+                        // as the server would (a Close first, in case an
+                        // earlier stand-in was never executed).
+                        self.statements.remove(&name);
+                        out.truncate(start);
+                        put_close(out, DEALLOCATE_STAND_IN_NAME);
+                        self.plan.expect(Expect::Drop);
+                        let own = begin(out, frontend::PARSE);
+                        put_cstr(out, DEALLOCATE_STAND_IN_NAME);
+                        put_cstr(out, "SELECT");
+                        out.put_u16(0);
+                        finish(out, own);
+                        self.plan.expect(Expect::Drop);
+                        let start = begin(out, frontend::PARSE);
+                        out.put_u8(0);
+                        put_cstr(out, &format!("DEALLOCATE {DEALLOCATE_STAND_IN_NAME}"));
+                        let types = split_cstr(&body[1..])?.1;
+                        out.put_slice(types);
+                        finish(out, start);
+                    }
+                    None => {
+                        out.put_slice(body);
+                        finish(out, start);
+                    }
+                }
+                self.plan.passed();
+            }
             frontend::PARSE => {
                 let (name, rest) = split_cstr(body)?;
                 let definition = Bytes::copy_from_slice(rest);
@@ -297,6 +402,7 @@ impl Rewriter<'_> {
                     Statement {
                         id,
                         definition: definition.clone(),
+                        kind: Kind::Protocol,
                     },
                 );
                 if self.prepared.get(&id).is_some() {
@@ -335,6 +441,162 @@ impl Rewriter<'_> {
         Ok(())
     }
 
+    /// Rewrites a client's Query (its whole body) that the flow found to be
+    /// a statement about a prepared statement
+    /// (`sql_scan::prepared_command`), appending what to send to `out`,
+    /// unless it is refused ([`QueryRewrite::refused`]: the caller sends the
+    /// refusal's stand-in). `failed_block`: the server connection is known
+    /// to be in a failed transaction block (every statement fails there
+    /// with 25P02 before names are looked at). `may_retry`: an EXECUTE may
+    /// be run again if its statement is stale (not for a retry).
+    pub fn rewrite_query(
+        &mut self,
+        body: &[u8],
+        failed_block: bool,
+        may_retry: bool,
+        out: &mut BytesMut,
+    ) -> QueryRewrite {
+        let mut r = QueryRewrite::default();
+        let text = body.strip_suffix(&[0]).unwrap_or(body);
+        match sql_scan::prepared_command(text) {
+            Some(SqlPrepared::Prepare { name, rest }) => {
+                if self.statements.get(&name).is_some() {
+                    r.refused = Some(PgError::error(
+                        DUPLICATE_PREPARED_STATEMENT,
+                        format!("prepared statement \"{name}\" already exists"),
+                    ));
+                    return r;
+                }
+                let definition = Bytes::copy_from_slice(rest);
+                let id = self.registry.id_for(&definition);
+                let server = server_name(id);
+                // On a connection that has it, it is prepared again (the
+                // text is checked now, as directly).
+                let after_deallocate = self.prepared.get(&id).is_some();
+                let start = begin(out, frontend::QUERY);
+                if after_deallocate {
+                    out.put_slice(format!("DEALLOCATE {server}; ").as_bytes());
+                    r.client.drop_completes = 1;
+                } else {
+                    self.prepared.put(id, ());
+                }
+                out.put_slice(format!("PREPARE {server}").as_bytes());
+                // What stands for the client's text up to the name's end.
+                let written = out.len() - start - 5;
+                let name_end = rest.as_ptr() as usize - text.as_ptr() as usize;
+                r.client.edits.push(Edit {
+                    server: 0..written,
+                    client: 0..chars(&text[..name_end]),
+                });
+                out.put_slice(rest);
+                out.put_u8(0);
+                finish(out, start);
+                self.statements.insert(
+                    name.clone(),
+                    Statement {
+                        id,
+                        definition,
+                        kind: Kind::Sql,
+                    },
+                );
+                r.client.prepares = Some(Prepares {
+                    id,
+                    name: Some(name),
+                    after_deallocate,
+                });
+            }
+            Some(SqlPrepared::Deallocate { name })
+                if !failed_block && self.statements.get(&name).is_some() =>
+            {
+                self.statements.remove(&name);
+                let start = begin(out, frontend::QUERY);
+                out.put_slice(DEALLOCATE_STAND_IN.as_bytes());
+                out.put_u8(0);
+                finish(out, start);
+                r.client.drop_completes = 1;
+            }
+            command => {
+                // Statements run by name (EXECUTE, EXPLAIN EXECUTE, CREATE
+                // TABLE AS EXECUTE), in one statement or several: the
+                // client's names become usher's, each statement prepared
+                // first where the connection lacks it. Other names, and
+                // other texts, go as they are: the server answers as it
+                // would directly.
+                let single = matches!(command, Some(SqlPrepared::Execute { .. }));
+                let references: Vec<_> = sql_scan::execute_references(text)
+                    .into_iter()
+                    .filter_map(|(at, name)| {
+                        self.statements.get(&name).map(|s| (at, s.clone()))
+                    })
+                    .collect();
+                for (_, stmt) in &references {
+                    if self.prepared.get(&stmt.id).is_none() {
+                        r.own.push(self.prepare_own(stmt, out));
+                    }
+                    if !self.plan.used.contains(&stmt.id) {
+                        self.plan.used.push(stmt.id);
+                    }
+                }
+                let start = begin(out, frontend::QUERY);
+                let mut from = 0;
+                let (mut server_at, mut client_at) = (0, 0);
+                for (at, stmt) in &references {
+                    let same = chars(&text[from..at.start]);
+                    out.put_slice(&text[from..at.start]);
+                    let name = server_name(stmt.id);
+                    out.put_slice(name.as_bytes());
+                    let (s, c) = (server_at + same, client_at + same);
+                    server_at = s + name.len();
+                    client_at = c + chars(&text[at.clone()]);
+                    r.client.edits.push(Edit {
+                        server: s..server_at,
+                        client: c..client_at,
+                    });
+                    from = at.end;
+                }
+                out.put_slice(&body[from..]);
+                finish(out, start);
+                if may_retry && single && references.len() == 1 {
+                    r.client.retry = Some(Bytes::copy_from_slice(body));
+                }
+            }
+        }
+        r
+    }
+
+    /// Prepares the client's statement `stmt` on this server connection in
+    /// a segment of usher's own, before the Query that runs it (so that
+    /// the server's record of the statement's text holds none of that
+    /// Query's arguments): a PREPARE Query for a SQL statement, a Parse +
+    /// Sync for a protocol-level one.
+    fn prepare_own(&mut self, stmt: &Statement, out: &mut BytesMut) -> Segment {
+        let mut own = Segment {
+            own: true,
+            ..Segment::default()
+        };
+        match stmt.kind {
+            Kind::Sql => {
+                let start = begin(out, frontend::QUERY);
+                out.put_slice(format!("PREPARE {}", server_name(stmt.id)).as_bytes());
+                out.put_slice(&stmt.definition);
+                out.put_u8(0);
+                finish(out, start);
+                self.prepared.put(stmt.id, ());
+                own.drop_completes = 1;
+                own.prepares = Some(Prepares {
+                    id: stmt.id,
+                    name: None,
+                    after_deallocate: false,
+                });
+            }
+            Kind::Protocol => {
+                self.parse_on_server(stmt.id, &stmt.definition, false, out);
+                out.put_slice(&[frontend::SYNC, 0, 0, 0, 4]);
+            }
+        }
+        own
+    }
+
     /// Writes the start of a Bind of the client's statement `name`: a
     /// Parse first if this server connection lacks it, then the Bind's
     /// header (its length counting the `rest` bytes of parameters that
@@ -355,6 +617,12 @@ impl Rewriter<'_> {
         let Some(stmt) = self.statements.get(name).cloned() else {
             return name.to_string();
         };
+        if self.prepared.get(&stmt.id).is_none() && stmt.kind == Kind::Sql {
+            // A SQL-prepared statement has no Parse form (its parameter
+            // types are names): bound at the protocol level, it works only
+            // where the connection has it; elsewhere the server says 26000.
+            return name.to_string();
+        }
         if self.prepared.get(&stmt.id).is_none() {
             self.parse_on_server(stmt.id, &stmt.definition, false, out);
         }
@@ -372,6 +640,77 @@ impl Rewriter<'_> {
         self.prepared.put(id, ());
         self.plan.expect(Expect::Prepared { id, forward });
     }
+}
+
+/// What [`Rewriter::rewrite_query`] did with a client's Query, for the
+/// flow to track its answers.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct QueryRewrite {
+    /// usher's own segments, sent before the client's Query (a PREPARE
+    /// Query, or a Parse + Sync, per statement the connection lacks): their
+    /// answers are dropped, and when one fails, so is the error the
+    /// client's Query then gets.
+    pub own: Vec<Segment>,
+    /// The client's Query as it went.
+    pub client: Segment,
+    /// Refused with this error: the refusal's stand-in goes in its place.
+    pub refused: Option<PgError>,
+}
+
+/// One Sync segment (a Query, or usher's Parse + Sync) whose answers the
+/// flow adjusts.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Segment {
+    /// usher's own: its ReadyForQuery is dropped too.
+    pub own: bool,
+    /// Its first CommandCompletes are usher's (dropped).
+    pub drop_completes: u32,
+    /// It PREPAREs a server statement.
+    pub prepares: Option<Prepares>,
+    /// The client's Query, to run again if its statement turns out stale.
+    pub retry: Option<Bytes>,
+    /// Where usher's text differs from the client's, in characters, in
+    /// order: an error's position is told in the client's text.
+    pub edits: Vec<Edit>,
+}
+
+/// A span of the text the server got (`server`) that stands for a span of
+/// the client's (`client`), in characters from 0.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Edit {
+    pub server: std::ops::Range<usize>,
+    pub client: std::ops::Range<usize>,
+}
+
+/// An error's position (1-based, in characters) in the text the server
+/// got, told in the client's text: inside a rewritten span, its start.
+pub fn client_position(edits: &[Edit], server: usize) -> usize {
+    let at = server.saturating_sub(1);
+    let mut shift: isize = 0;
+    for e in edits {
+        if at < e.server.start {
+            break;
+        }
+        if at < e.server.end {
+            return e.client.start + 1;
+        }
+        shift = e.client.end as isize - e.server.end as isize;
+    }
+    (at as isize + shift).max(0) as usize + 1
+}
+
+fn chars(bytes: &[u8]) -> usize {
+    String::from_utf8_lossy(bytes).chars().count()
+}
+
+/// A PREPARE of server statement `id` in a segment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prepares {
+    pub id: u64,
+    /// The client's name for it (forgotten if the PREPARE fails).
+    pub name: Option<String>,
+    /// A `DEALLOCATE` of it comes first (the connection had it).
+    pub after_deallocate: bool,
 }
 
 fn split_cstr(body: &[u8]) -> Result<(&str, &[u8]), PgError> {
@@ -467,6 +806,135 @@ mod tests {
             theirs.get("s").unwrap().id,
             new,
             "renewed once, shared again"
+        );
+    }
+
+    /// The messages in `out`: (tag, body).
+    fn messages(out: &[u8]) -> Vec<(u8, Vec<u8>)> {
+        let mut list = vec![];
+        let mut at = 0;
+        while at < out.len() {
+            let len = u32::from_be_bytes(out[at + 1..at + 5].try_into().unwrap()) as usize;
+            list.push((out[at], out[at + 5..at + 1 + len].to_vec()));
+            at += 1 + len;
+        }
+        list
+    }
+
+    #[test]
+    fn sql_and_protocol_statements_share_the_clients_names() {
+        let r = StatementRegistry::default();
+        let mut plan = ResponsePlan::default();
+        let mut prepared = PreparedSet::unbounded();
+        let mut mine = ClientStatements::default();
+        let mut w = Rewriter {
+            registry: &r,
+            statements: &mut mine,
+            prepared: &mut prepared,
+            plan: &mut plan,
+        };
+        let mut out = BytesMut::new();
+        // A protocol-level statement EXECUTEd in SQL on a connection that
+        // lacks it: a Parse + Sync of usher's own first.
+        w.rewrite(frontend::PARSE, b"p\0select 1\0\0\0", &mut out)
+            .unwrap();
+        w.prepared.clear();
+        out.clear();
+        let rewrite = w.rewrite_query(b"EXECUTE p\0", false, true, &mut out);
+        let sent = messages(&out);
+        assert_eq!(
+            sent.iter().map(|(t, _)| *t).collect::<Vec<_>>(),
+            [frontend::PARSE, frontend::SYNC, frontend::QUERY]
+        );
+        assert_eq!(sent[0].1, b"usher_1\0select 1\0\0\0");
+        assert_eq!(sent[2].1, b"EXECUTE usher_1\0");
+        assert!(rewrite.own.len() == 1 && rewrite.own[0].own && rewrite.own[0].prepares.is_none());
+        assert_eq!(rewrite.client.retry.as_deref(), Some(&b"EXECUTE p\0"[..]));
+        // A SQL statement is not a Parse's: the same text is another one.
+        out.clear();
+        let rewrite = w.rewrite_query(b"PREPARE s AS select 1\0", false, true, &mut out);
+        assert_eq!(messages(&out)[0].1, b"PREPARE usher_2 AS select 1\0");
+        assert_eq!(
+            rewrite.client.prepares,
+            Some(Prepares {
+                id: 2,
+                name: Some("s".into()),
+                after_deallocate: false
+            })
+        );
+        // Bound at the protocol level, it is usher's name where the
+        // connection has it, the client's (26000) where it does not.
+        out.clear();
+        w.rewrite_bind_head("", "s", 4, &mut out);
+        assert!(out.windows(8).any(|x| x == b"usher_2\0"));
+        w.prepared.clear();
+        out.clear();
+        w.rewrite_bind_head("", "s", 4, &mut out);
+        assert_eq!(
+            messages(&[&out[..], &[0u8; 4][..]].concat())[0].0,
+            frontend::BIND
+        );
+        assert!(out.windows(3).any(|x| x == b"\0s\0"));
+        // DEALLOCATE forgets either kind; a name it does not have goes on.
+        for name in ["p", "s"] {
+            out.clear();
+            let rewrite = w.rewrite_query(
+                format!("DEALLOCATE {name}\0").as_bytes(),
+                false,
+                true,
+                &mut out,
+            );
+            assert_eq!(rewrite.client.drop_completes, 1, "{name}");
+        }
+        assert!(w.statements.is_empty());
+        // psycopg 3's DEALLOCATE, an unnamed Parse: a stand-in of usher's.
+        w.rewrite(frontend::PARSE, b"t\0select 2\0\0\0", &mut out)
+            .unwrap();
+        let parse = b"\0DEALLOCATE t\0\0\0";
+        assert!(needs_rewrite(frontend::PARSE, parse));
+        assert!(!needs_rewrite(frontend::PARSE, b"\0DEALLOCATE ALL\0\0\0"));
+        out.clear();
+        *w.plan = ResponsePlan::default();
+        w.rewrite(frontend::PARSE, parse, &mut out).unwrap();
+        assert_eq!(
+            messages(&out),
+            [
+                (frontend::CLOSE, b"Susher_deallocate\0".to_vec()),
+                (frontend::PARSE, b"usher_deallocate\0SELECT\0\0\0".to_vec()),
+                (
+                    frontend::PARSE,
+                    b"\0DEALLOCATE usher_deallocate\0\0\0".to_vec()
+                ),
+            ]
+        );
+        assert!(w.statements.is_empty());
+        let mut none = PreparedSet::unbounded();
+        assert_eq!(
+            w.plan.answer(backend::CLOSE_COMPLETE, &mut none),
+            Answer::Drop
+        );
+        assert_eq!(
+            w.plan.answer(backend::PARSE_COMPLETE, &mut none),
+            Answer::Drop
+        );
+        assert_eq!(
+            w.plan.answer(backend::PARSE_COMPLETE, &mut none),
+            Answer::Forward
+        );
+        out.clear();
+        *w.plan = ResponsePlan::default();
+        w.rewrite(frontend::PARSE, parse, &mut out).unwrap();
+        assert_eq!(
+            messages(&out),
+            [(frontend::PARSE, parse.to_vec())],
+            "gone: as it is"
+        );
+        out.clear();
+        let rewrite = w.rewrite_query(b"DEALLOCATE p\0", false, true, &mut out);
+        assert_eq!(rewrite, QueryRewrite::default());
+        assert_eq!(
+            messages(&out),
+            [(frontend::QUERY, b"DEALLOCATE p\0".to_vec())]
         );
     }
 }

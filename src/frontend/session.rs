@@ -142,6 +142,27 @@ struct Forwarding {
     /// What the flow noted in one walk of server bytes, recorded after it
     /// (kept, so a transaction's notes cost no allocation).
     notes: Vec<Note>,
+    /// The client's bytes since nothing was in flight, as it sent them
+    /// (rewriting only, up to `flow::REPLAY_LIMIT`): a segment whose Bind
+    /// met a stale statement is walked again from here.
+    copy: BytesMut,
+    /// The copy went back in front of `in_buf`: walk it.
+    replay: bool,
+}
+
+impl Forwarding {
+    /// Client bytes that went (or stand for what went) to the server.
+    fn keep_copy(&mut self, bytes: &[u8]) {
+        if !self.flow.copying() {
+            return;
+        }
+        if self.copy.len() + bytes.len() > flow::REPLAY_LIMIT {
+            self.flow.copy_lost();
+            self.copy = BytesMut::new();
+        } else {
+            self.copy.extend_from_slice(bytes);
+        }
+    }
 }
 
 impl Session {
@@ -346,6 +367,8 @@ impl Session {
             in_walker: std::mem::replace(&mut self.in_walker, FrameWalker::new(0)),
             out_walker: FrameWalker::new(usize::MAX >> 1),
             notes: Vec::new(),
+            copy: BytesMut::new(),
+            replay: false,
         };
         if let Some(checkout) = self.login_server.take() {
             self.registration
@@ -551,11 +574,15 @@ impl Session {
                 },
                 _ = shutdown.changed(), if idle => LoopEvent::Shutdown,
             };
-            let result = match event {
+            let mut result = match event {
                 LoopEvent::ClientData => self.forward_client_data(client, fwd).await,
                 LoopEvent::ServerData => self.forward_server_data(client, fwd).await,
                 LoopEvent::ServerWritten | LoopEvent::Shutdown => Ok(()),
             };
+            if result.is_ok() && std::mem::take(&mut fwd.replay) {
+                // A stale statement's segment goes again (ServerStep::Replay).
+                result = Box::pin(self.forward_client_data(client, fwd)).await;
+            }
             if let Err(end) = result {
                 return end;
             }
@@ -706,6 +733,11 @@ impl Session {
         let pool = self.pool.clone();
         let stats = &pool.stats;
         loop {
+            if rewriting && fwd.flow.quiet() && fwd.in_walker.at_boundary() {
+                // A new segment begins: copy it, for a replay.
+                fwd.copy.clear();
+                fwd.flow.copy_started();
+            }
             let mut stopped_at = None;
             let flow = &mut fwd.flow;
             let walked = fwd
@@ -742,6 +774,7 @@ impl Session {
             }
             if walked.forward > 0 {
                 let chunk = fwd.in_buf.split_to(walked.forward);
+                fwd.keep_copy(&chunk);
                 queue_for_server(&mut fwd.to_server, chunk);
             }
             match stopped_at {
@@ -756,11 +789,36 @@ impl Session {
                     // usher's error replaces the server's.
                     let len = u32::from_be_bytes(fwd.in_buf[1..5].try_into().unwrap()) as usize;
                     let message = fwd.in_buf.split_to(1 + len);
+                    fwd.keep_copy(&message);
                     queue_for_server(
                         &mut fwd.to_server,
                         flow::refused_message(tag, &message[5..]),
                     );
                     tracing::debug!(user = %self.client.user, database = %self.client.database, "statement refused before it reached the server (pinning)");
+                    stats.received(message.len() as u64);
+                    self.received += message.len() as u64;
+                }
+                Some((frontend::QUERY, _)) => {
+                    // A statement about a prepared statement (SQL level).
+                    let len = u32::from_be_bytes(fwd.in_buf[1..5].try_into().unwrap()) as usize;
+                    let message = fwd.in_buf.split_to(1 + len);
+                    fwd.keep_copy(&message);
+                    let failed_block = fwd.flow.known_failed_block();
+                    let checkout = fwd.held.as_mut().expect("a server connection is held");
+                    let mut out = BytesMut::with_capacity(message.len() + 64);
+                    let rewrite = Rewriter {
+                        registry: &self.deps.statements,
+                        statements: &mut self.statements,
+                        prepared: checkout.conn.prepared_mut(),
+                        plan: fwd.flow.plan_mut(),
+                    }
+                    .rewrite_query(&message[5..], failed_block, true, &mut out);
+                    if rewrite.refused.is_some() {
+                        out = flow::refused_message(frontend::QUERY, &message[5..]);
+                    }
+                    queue_for_server(&mut fwd.to_server, out);
+                    fwd.flow.query_rewritten(rewrite);
+                    self.registration.handle.set_prepared(self.statements.len());
                     stats.received(message.len() as u64);
                     self.received += message.len() as u64;
                 }
@@ -781,10 +839,10 @@ impl Session {
                             .expect("the flow saw the Bind's names");
                         let mut out = BytesMut::with_capacity(64);
                         rewriter.rewrite_bind_head(&portal, &name, len - 4 - head, &mut out);
-                        let _ = fwd.in_buf.split_to(5 + head);
+                        let original = fwd.in_buf.split_to(5 + head);
                         fwd.in_walker.stream_rest_of_body(len - 4 - head);
                         queue_for_server(&mut fwd.to_server, out);
-                        5 + head
+                        original
                     } else {
                         // The message is whole at the front of the buffer.
                         let message = fwd.in_buf.split_to(1 + len);
@@ -793,8 +851,10 @@ impl Session {
                             .rewrite(tag, &message[5..], &mut out)
                             .map_err(LoopEnd::Error)?;
                         queue_for_server(&mut fwd.to_server, out);
-                        message.len()
+                        message
                     };
+                    fwd.keep_copy(&taken);
+                    let taken = taken.len();
                     fwd.flow.rewritten();
                     self.registration.handle.set_prepared(self.statements.len());
                     stats.received(taken as u64);
@@ -843,6 +903,9 @@ impl Session {
             for note in fwd.notes.drain(..) {
                 self.record(note, server);
             }
+            for (name, id) in fwd.flow.take_failed_prepares() {
+                self.statements.forget_failed(&name, id);
+            }
             if walked.forward > 0 {
                 let chunk = fwd.out_buf.split_to(walked.forward);
                 self.pool.stats.sent(chunk.len() as u64);
@@ -866,6 +929,37 @@ impl Session {
                             if let Some(e) = fwd.flow.take_refusal() {
                                 metrics::count_error(ErrorSource::Usher, e.code.as_bytes());
                                 e.encode(&mut out);
+                            }
+                        }
+                        ServerStep::SendError => {
+                            if let Some(e) = fwd.flow.take_error() {
+                                out = e;
+                            }
+                        }
+                        ServerStep::Replay => {
+                            // The statement was renewed (the error's note):
+                            // the segment is walked again, prepared afresh.
+                            let mut again = std::mem::take(&mut fwd.copy);
+                            again.extend_from_slice(&fwd.in_buf);
+                            fwd.in_buf = again;
+                            fwd.replay = true;
+                        }
+                        ServerStep::Retry => {
+                            // The stale statement was renewed (the error's
+                            // note): the EXECUTE goes again, prepared afresh.
+                            if let Some(body) = fwd.flow.take_retry() {
+                                let checkout =
+                                    fwd.held.as_mut().expect("a server connection is held");
+                                let mut again = BytesMut::with_capacity(body.len() + 64);
+                                let rewrite = Rewriter {
+                                    registry: &self.deps.statements,
+                                    statements: &mut self.statements,
+                                    prepared: checkout.conn.prepared_mut(),
+                                    plan: fwd.flow.plan_mut(),
+                                }
+                                .rewrite_query(&body, false, false, &mut again);
+                                queue_for_server(&mut fwd.to_server, again);
+                                fwd.flow.query_rewritten(rewrite);
                             }
                         }
                         _ => {}
@@ -966,6 +1060,8 @@ impl Session {
         self.pool.stats.transaction_time(lent);
         fwd.out_buf = BytesMut::new();
         fwd.out_walker = FrameWalker::new(usize::MAX >> 1);
+        // An idle client keeps no copy of its last segment either.
+        fwd.copy = BytesMut::new();
         fwd.flow.released();
         Ok(true)
     }

@@ -33,6 +33,8 @@ pub struct Effects {
     pub pins: PinKinds,
     /// State it may end (the server is asked what is left).
     pub unpins: PinKinds,
+    /// It may run a prepared statement by name ([`execute_references`]).
+    pub executes: bool,
 }
 
 /// Kinds of session state that tie a client to its server connection, as
@@ -128,12 +130,14 @@ impl Effects {
             custom: Vec::new(),
             pins: PinKinds::UNKNOWN,
             unpins: PinKinds::CHECKABLE,
+            executes: false,
         }
     }
 
     /// Adds what another text may do.
     pub fn add(&mut self, other: Effects) {
         self.settings |= other.settings;
+        self.executes |= other.executes;
         self.pins |= other.pins;
         self.unpins |= other.unpins;
         for name in other.custom {
@@ -219,6 +223,9 @@ pub fn scan(sql: &[u8]) -> Effects {
                     if name_word {
                         effects.note_custom(custom_name(sql, at));
                     }
+                }
+                if kind == Word::Execute && executes_by_name(first, words_in_statement, previous) {
+                    effects.executes = true;
                 }
                 match kind {
                     // CREATE [OR REPLACE] [GLOBAL | LOCAL] TEMP[ORARY] ...,
@@ -377,6 +384,9 @@ enum Word {
     Prepare,
     Transaction,
     Deallocate,
+    Execute,
+    Explain,
+    As,
     Drop,
     Load,
     PgTemp,
@@ -394,7 +404,7 @@ impl Word {
     fn of(word: &[u8]) -> Word {
         use Word::*;
         let candidates: &[(&[u8], Word)] = match word.len() {
-            2 => &[(b"do", Do), (b"on", On)],
+            2 => &[(b"do", Do), (b"on", On), (b"as", As)],
             3 => &[(b"set", Set)],
             4 => &[
                 (b"into", Into),
@@ -417,6 +427,8 @@ impl Word {
                 (b"declare", Declare),
                 (b"prepare", Prepare),
                 (b"pg_temp", PgTemp),
+                (b"execute", Execute),
+                (b"explain", Explain),
             ],
             8 => &[(b"unlisten", Unlisten)],
             9 => &[(b"temporary", Temp)],
@@ -537,6 +549,286 @@ fn skip_dollar_quoted(sql: &[u8], at: usize) -> usize {
         .windows(len)
         .position(|w| w == tag)
         .map_or(sql.len(), |p| body + p + len)
+}
+
+/// A Query text that is one SQL statement about a named prepared
+/// statement, in a shape usher carries in transaction mode (the name is
+/// the client's, folded as PostgreSQL folds it; the byte slices are the
+/// text around it, without a trailing `;`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SqlPrepared<'a> {
+    /// `PREPARE name [(types)] AS statement`: `rest` is what follows the
+    /// name.
+    Prepare { name: String, rest: &'a [u8] },
+    /// `[EXPLAIN [options]] EXECUTE name [(arguments)]`: the text before
+    /// and after the name.
+    Execute {
+        name: String,
+        before: &'a [u8],
+        after: &'a [u8],
+    },
+    /// `DEALLOCATE [PREPARE] name` (not `ALL`).
+    Deallocate { name: String },
+}
+
+/// An `EXECUTE` word (the `words`-th of its statement, after `previous`)
+/// that runs a prepared statement by name: `EXECUTE name`, `EXPLAIN ...
+/// EXECUTE name`, `CREATE TABLE ... AS EXECUTE name` (not `GRANT EXECUTE`,
+/// `EXECUTE FUNCTION` of a trigger: the name that follows must be one the
+/// client prepared for it to matter).
+fn executes_by_name(first: Word, words: usize, previous: Word) -> bool {
+    match first {
+        Word::Execute => words == 1,
+        Word::Explain => true,
+        Word::Create => previous == Word::As,
+        _ => false,
+    }
+}
+
+/// The names of prepared statements a Query text runs by name, in every
+/// statement of it ([`executes_by_name`]): (where the name is, the name as
+/// PostgreSQL reads it). Names usher does not read are left out.
+pub fn execute_references(sql: &[u8]) -> Vec<(std::ops::Range<usize>, String)> {
+    let mut found = Vec::new();
+    let mut at = 0;
+    let mut words = 0;
+    let mut first = Word::Other;
+    let mut previous = Word::Other;
+    while at < sql.len() {
+        let b = sql[at];
+        match b {
+            b';' => {
+                words = 0;
+                previous = Word::Other;
+                at += 1;
+            }
+            b'\'' => at = skip_quoted(sql, at, b'\'', backslashes_escape(sql, at)),
+            b'"' => {
+                previous = Word::Other;
+                at = skip_quoted(sql, at, b'"', false);
+            }
+            b'-' if sql.get(at + 1) == Some(&b'-') => at = skip_line(sql, at),
+            b'/' if sql.get(at + 1) == Some(&b'*') => at = skip_block_comment(sql, at),
+            b'$' if is_dollar_quote_start(sql, at) => at = skip_dollar_quoted(sql, at),
+            _ if is_word_start(b) => {
+                let end = word_end(sql, at);
+                let kind = Word::of(&sql[at..end]);
+                words += 1;
+                if words == 1 {
+                    first = kind;
+                }
+                at = end;
+                if kind == Word::Execute && executes_by_name(first, words, previous) {
+                    let start = skip_space(sql, at);
+                    if let Some((name, name_end)) = identifier(sql, start) {
+                        found.push((start..name_end, name));
+                        at = name_end;
+                    }
+                }
+                previous = kind;
+            }
+            _ => at += 1,
+        }
+    }
+    found
+}
+
+/// Prepared statement names longer than this are truncated by PostgreSQL
+/// (NAMEDATALEN - 1): usher does not carry them.
+const MAX_NAME: usize = 63;
+
+/// The statement about a prepared statement that `sql` (a Query text)
+/// holds alone, if it is one usher carries; `None` for anything else
+/// (another statement, several statements, a name usher does not read:
+/// `U&"..."`, too long, `ALL`, `PREPARE TRANSACTION`). Cheap for other
+/// texts: it looks at the first word and stops.
+pub fn prepared_command(sql: &[u8]) -> Option<SqlPrepared<'_>> {
+    let mut at = skip_space(sql, 0);
+    let (first, end) = keyword(sql, at)?;
+    at = end;
+    let command = match first {
+        Word::Prepare => {
+            let (name, name_end) = identifier(sql, skip_space(sql, at))?;
+            let after = skip_space(sql, name_end);
+            let starts_right = sql.get(after) == Some(&b'(') || keyword_is(sql, after, b"as");
+            if !starts_right || name.eq_ignore_ascii_case("transaction") {
+                return None;
+            }
+            let end = statement_end(sql, name_end)?;
+            SqlPrepared::Prepare {
+                name,
+                rest: &sql[name_end..end],
+            }
+        }
+        Word::Execute | Word::Explain => {
+            if first == Word::Explain {
+                at = skip_space(sql, at);
+                if sql.get(at) == Some(&b'(') {
+                    at = skip_parenthesised(sql, at)?;
+                }
+                loop {
+                    at = skip_space(sql, at);
+                    let (word, end) = word_at(sql, at)?;
+                    if word.eq_ignore_ascii_case(b"execute") {
+                        at = end;
+                        break;
+                    }
+                    let option = [&b"analyze"[..], b"analyse", b"verbose"]
+                        .iter()
+                        .any(|w| word.eq_ignore_ascii_case(w));
+                    if !option {
+                        return None;
+                    }
+                    at = end;
+                }
+            }
+            let name_start = skip_space(sql, at);
+            let (name, name_end) = identifier(sql, name_start)?;
+            let end = statement_end(sql, name_end)?;
+            let after = skip_space(sql, name_end);
+            if after < end && sql[after] != b'(' {
+                return None;
+            }
+            SqlPrepared::Execute {
+                name,
+                before: &sql[..name_start],
+                after: &sql[name_end..end],
+            }
+        }
+        Word::Deallocate => {
+            at = skip_space(sql, at);
+            if keyword_is(sql, at, b"prepare") {
+                at = skip_space(sql, at + "prepare".len());
+            }
+            if keyword_is(sql, at, b"all") {
+                return None;
+            }
+            let (name, name_end) = identifier(sql, at)?;
+            let end = statement_end(sql, name_end)?;
+            if skip_space(sql, name_end) < end {
+                return None;
+            }
+            SqlPrepared::Deallocate { name }
+        }
+        _ => return None,
+    };
+    Some(command)
+}
+
+/// Past whitespace and comments.
+fn skip_space(sql: &[u8], mut at: usize) -> usize {
+    loop {
+        match sql.get(at) {
+            Some(b) if b.is_ascii_whitespace() => at += 1,
+            Some(b'-') if sql.get(at + 1) == Some(&b'-') => at = skip_line(sql, at),
+            Some(b'/') if sql.get(at + 1) == Some(&b'*') => at = skip_block_comment(sql, at),
+            _ => return at,
+        }
+    }
+}
+
+/// The unquoted word at `at` and where it ends.
+fn word_at(sql: &[u8], at: usize) -> Option<(&[u8], usize)> {
+    if !sql.get(at).is_some_and(|b| is_word_start(*b)) {
+        return None;
+    }
+    let end = word_end(sql, at);
+    Some((&sql[at..end], end))
+}
+
+fn keyword(sql: &[u8], at: usize) -> Option<(Word, usize)> {
+    word_at(sql, at).map(|(w, end)| (Word::of(w), end))
+}
+
+/// The unquoted word at `at` is `word` (lower case).
+fn keyword_is(sql: &[u8], at: usize, word: &[u8]) -> bool {
+    word_at(sql, at).is_some_and(|(w, _)| w.eq_ignore_ascii_case(word))
+}
+
+/// A name at `at`, as PostgreSQL reads it: unquoted (ASCII letters folded
+/// to lower case) or double-quoted (`""` is a quote); `None` if there is
+/// none, it is empty, longer than [`MAX_NAME`] bytes, or not UTF-8.
+fn identifier(sql: &[u8], at: usize) -> Option<(String, usize)> {
+    let (name, end) = if sql.get(at) == Some(&b'"') {
+        let end = skip_quoted(sql, at, b'"', false);
+        if end < at + 2 || sql[end - 1] != b'"' {
+            return None;
+        }
+        let inner = &sql[at + 1..end - 1];
+        let mut name = Vec::with_capacity(inner.len());
+        let mut i = 0;
+        while i < inner.len() {
+            name.push(inner[i]);
+            i += if inner[i] == b'"' { 2 } else { 1 };
+        }
+        (name, end)
+    } else {
+        let (word, end) = word_at(sql, at)?;
+        if sql.get(end) == Some(&b'&') || sql.get(end) == Some(&b'\'') {
+            // U&"..." or a string prefix: not a plain name.
+            return None;
+        }
+        (word.to_ascii_lowercase(), end)
+    };
+    if name.is_empty() || name.len() > MAX_NAME {
+        return None;
+    }
+    Some((String::from_utf8(name).ok()?, end))
+}
+
+/// Past a parenthesised group at `at` (strings, quoted names and
+/// comments inside are skipped).
+fn skip_parenthesised(sql: &[u8], mut at: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    while at < sql.len() {
+        match sql[at] {
+            b'(' => {
+                depth += 1;
+                at += 1;
+            }
+            b')' => {
+                depth -= 1;
+                at += 1;
+                if depth == 0 {
+                    return Some(at);
+                }
+            }
+            b'\'' => at = skip_quoted(sql, at, b'\'', backslashes_escape(sql, at)),
+            b'"' => at = skip_quoted(sql, at, b'"', false),
+            b'-' if sql.get(at + 1) == Some(&b'-') => at = skip_line(sql, at),
+            b'/' if sql.get(at + 1) == Some(&b'*') => at = skip_block_comment(sql, at),
+            _ => at += 1,
+        }
+    }
+    None
+}
+
+/// Where the statement that continues at `at` ends: at its `;` (or the
+/// end of the text), if nothing but whitespace, comments and `;` follow;
+/// `None` if another statement does.
+fn statement_end(sql: &[u8], mut at: usize) -> Option<usize> {
+    while at < sql.len() {
+        match sql[at] {
+            b';' => break,
+            b'\'' => at = skip_quoted(sql, at, b'\'', backslashes_escape(sql, at)),
+            b'"' => at = skip_quoted(sql, at, b'"', false),
+            b'-' if sql.get(at + 1) == Some(&b'-') => at = skip_line(sql, at),
+            b'/' if sql.get(at + 1) == Some(&b'*') => at = skip_block_comment(sql, at),
+            b'$' if is_dollar_quote_start(sql, at) => at = skip_dollar_quoted(sql, at),
+            _ => at += 1,
+        }
+    }
+    let end = at.min(sql.len());
+    let mut rest = end;
+    while rest < sql.len() {
+        rest = skip_space(sql, rest);
+        match sql.get(rest) {
+            Some(b';') => rest += 1,
+            None => break,
+            Some(_) => return None,
+        }
+    }
+    Some(end)
 }
 
 #[cfg(test)]
@@ -755,5 +1047,134 @@ mod tests {
         assert_eq!(scan_query(b"SELECT 1").pins, PinKinds::UNKNOWN);
         assert_eq!(scan_query(b"SELECT 1").unpins, PinKinds::CHECKABLE);
         assert_eq!(scan_parse(b"\0LISTEN x\0\0\0").pins, PinKinds::LISTEN);
+    }
+
+    #[test]
+    fn statements_about_prepared_statements_are_read() {
+        use SqlPrepared as S;
+        let name = |n: &str| n.to_string();
+        assert_eq!(
+            prepared_command(b"PREPARE q (int) AS SELECT $1"),
+            Some(S::Prepare {
+                name: name("q"),
+                rest: b" (int) AS SELECT $1"
+            })
+        );
+        assert_eq!(
+            prepared_command(b" /* c */ prepare Foo as select ';' ; -- x\n"),
+            Some(S::Prepare {
+                name: name("foo"),
+                rest: b" as select ';' "
+            })
+        );
+        assert_eq!(
+            prepared_command(b"PREPARE \"My \"\"q\"\"\"(text)AS SELECT 1"),
+            Some(S::Prepare {
+                name: name("My \"q\""),
+                rest: b"(text)AS SELECT 1"
+            })
+        );
+        assert_eq!(
+            prepared_command(b"EXECUTE q(1, 'a;b')"),
+            Some(S::Execute {
+                name: name("q"),
+                before: b"EXECUTE ",
+                after: b"(1, 'a;b')"
+            })
+        );
+        assert_eq!(
+            prepared_command(b"execute Q;"),
+            Some(S::Execute {
+                name: name("q"),
+                before: b"execute ",
+                after: b""
+            })
+        );
+        assert_eq!(
+            prepared_command(b"EXPLAIN (ANALYZE, COSTS OFF) EXECUTE q (2)"),
+            Some(S::Execute {
+                name: name("q"),
+                before: b"EXPLAIN (ANALYZE, COSTS OFF) EXECUTE ",
+                after: b" (2)"
+            })
+        );
+        assert_eq!(
+            prepared_command(b"explain analyze verbose execute q"),
+            Some(S::Execute {
+                name: name("q"),
+                before: b"explain analyze verbose execute ",
+                after: b""
+            })
+        );
+        for (sql, n) in [
+            ("DEALLOCATE q", "q"),
+            ("deallocate prepare Q;", "q"),
+            ("DEALLOCATE \"Q\"", "Q"),
+        ] {
+            assert_eq!(
+                prepared_command(sql.as_bytes()),
+                Some(S::Deallocate { name: name(n) }),
+                "{sql}"
+            );
+        }
+        for sql in [
+            "SELECT 1",
+            "PREPARE TRANSACTION 'x'",
+            "PREPARE q AS SELECT 1; SELECT 2",
+            "PREPARE q",
+            "EXECUTE q; EXECUTE q",
+            "EXECUTE q x",
+            "EXECUTE U&\"q\"",
+            "DEALLOCATE ALL",
+            "DEALLOCATE PREPARE ALL",
+            "DEALLOCATE q, r",
+            "DEALLOCATE \"\"",
+            "EXPLAIN SELECT 1",
+            "EXPLAIN (ANALYZE) SELECT 1",
+            "CREATE TABLE t AS EXECUTE q",
+            "SELECT 1; DEALLOCATE q",
+            "",
+        ] {
+            assert_eq!(prepared_command(sql.as_bytes()), None, "{sql}");
+        }
+        let long = format!("DEALLOCATE {}", "x".repeat(64));
+        assert_eq!(
+            prepared_command(long.as_bytes()),
+            None,
+            "truncated by the server"
+        );
+    }
+
+    #[test]
+    fn statements_run_by_name_are_found() {
+        let names = |sql: &str| -> Vec<(String, String)> {
+            execute_references(sql.as_bytes())
+                .into_iter()
+                .map(|(r, n)| (sql[r].to_string(), n))
+                .collect()
+        };
+        let pair = |a: &str, b: &str| (a.to_string(), b.to_string());
+        assert_eq!(names("EXECUTE q(1)"), [pair("q", "q")]);
+        assert_eq!(
+            names("CREATE TABLE t AS EXECUTE Sel WITH DATA; execute \"X\""),
+            [pair("Sel", "sel"), pair("\"X\"", "X")]
+        );
+        assert_eq!(
+            names("EXPLAIN (ANALYZE) CREATE TABLE t AS EXECUTE q"),
+            [pair("q", "q")]
+        );
+        assert_eq!(names("BEGIN; EXECUTE a; COMMIT"), [pair("a", "a")]);
+        for sql in [
+            "GRANT EXECUTE ON FUNCTION f() TO r",
+            "CREATE TRIGGER t AFTER INSERT ON x EXECUTE FUNCTION f()",
+            "SELECT 'EXECUTE q'",
+            "DO $$ BEGIN EXECUTE 'x'; END $$",
+            "SELECT execute FROM t",
+        ] {
+            assert!(names(sql).is_empty(), "{sql}");
+        }
+        assert!(scan(b"CREATE TABLE t AS EXECUTE q").executes);
+        assert!(scan(b"select 1; EXECUTE q").executes);
+        assert!(!scan(b"GRANT EXECUTE ON FUNCTION f() TO r").executes);
     }
 }

@@ -238,6 +238,37 @@ pub fn error_is_fatal(body: &[u8]) -> bool {
 
 /// One field of an ErrorResponse or NoticeResponse body, without copying:
 /// fields are a type byte and a C string each, ended by a zero byte.
+/// An ErrorResponse or NoticeResponse body with field `field` set to
+/// `value` in place (its other fields unchanged, in order); `None` if the
+/// body has no such field or is malformed.
+pub fn with_error_field(body: &[u8], field: u8, value: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(body.len() + value.len());
+    let mut rest = body;
+    let mut replaced = false;
+    while let Some((&kind, after)) = rest.split_first() {
+        if kind == 0 {
+            out.push(0);
+            return replaced.then_some(out);
+        }
+        let end = after.iter().position(|b| *b == 0)?;
+        out.push(kind);
+        if kind == field {
+            out.extend_from_slice(value);
+            replaced = true;
+        } else {
+            out.extend_from_slice(&after[..end]);
+        }
+        out.push(0);
+        rest = &after[end + 1..];
+    }
+    None
+}
+
+/// Field `field` of an ErrorResponse or NoticeResponse body.
+pub fn error_field_of(body: &[u8], field: u8) -> Option<&[u8]> {
+    error_field(body, field)
+}
+
 fn error_field(body: &[u8], field: u8) -> Option<&[u8]> {
     let mut rest = body;
     while let Some((&kind, after)) = rest.split_first() {

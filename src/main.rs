@@ -5,15 +5,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use usher::config::Config;
 
-/// mimalloc instead of glibc's malloc: each transaction takes and gives
-/// back its read buffers (an idle client keeps none), and glibc's arenas
-/// made that a measurable share of the forwarding path's CPU, with
-/// madvise calls as they trimmed (README "Performance"). Built without
-/// transparent huge pages (Cargo.toml: `no_thp`), so resident memory
-/// follows what is allocated (idle clients: tests/memory.rs).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[derive(Parser)]
 #[command(
     name = "usher",

@@ -360,8 +360,8 @@ impl Rewriter<'_> {
         match tag {
             frontend::PARSE if body.first() == Some(&0) => {
                 // An unnamed Parse of DEALLOCATE name (needs_rewrite).
-                let known = unnamed_deallocate(body)
-                    .filter(|name| self.statements.get(name).is_some());
+                let known =
+                    unnamed_deallocate(body).filter(|name| self.statements.get(name).is_some());
                 let start = begin(out, frontend::PARSE);
                 match known {
                     Some(name) => {
@@ -525,9 +525,7 @@ impl Rewriter<'_> {
                 let single = matches!(command, Some(SqlPrepared::Execute { .. }));
                 let references: Vec<_> = sql_scan::execute_references(text)
                     .into_iter()
-                    .filter_map(|(at, name)| {
-                        self.statements.get(&name).map(|s| (at, s.clone()))
-                    })
+                    .filter_map(|(at, name)| self.statements.get(&name).map(|s| (at, s.clone())))
                     .collect();
                 for (_, stmt) in &references {
                     if self.prepared.get(&stmt.id).is_none() {

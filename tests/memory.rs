@@ -49,7 +49,7 @@ async fn an_idle_client_costs_at_most_two_kilobytes() {
     // future in every idle task). What an idle client holds (heaptrack): its
     // task, 256 B (the small serve future: the busy phase is boxed and
     // freed while idle); tokio's socket registration, 256 B; the Session,
-    // 448 B; its registry handle (SHOW CLIENTS, KILL), 280 B; the startup
+    // 448 B; its registry handle (SHOW CLIENTS, KILL), 248 B; the startup
     // parameters, packed, and one small parameter list; a few strings. The
     // bound catches any buffer kept while idle, or the serve loop's future
     // back in the task.

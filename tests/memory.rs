@@ -44,11 +44,12 @@ async fn an_idle_client_costs_at_most_two_kilobytes() {
         "idle clients: {before} KB with 100, {after} KB with {}: {per_client:.1} KB each",
         n + 100
     );
-    // 1.9 KB measured (debug build; it was 7.0 with the whole serve loop's
+    // 1.6 KB measured (debug build, mimalloc without transparent huge
+    // pages; 1.8 with glibc's malloc; it was 7.0 with the whole serve loop's
     // future in every idle task). What an idle client holds (heaptrack): its
     // task, 256 B (the small serve future: the busy phase is boxed and
     // freed while idle); tokio's socket registration, 256 B; the Session,
-    // 448 B; its registry handle (SHOW CLIENTS, KILL), 280 B; the startup
+    // 448 B; its registry handle (SHOW CLIENTS, KILL), 248 B; the startup
     // parameters, packed, and one small parameter list; a few strings. The
     // bound catches any buffer kept while idle, or the serve loop's future
     // back in the task.
@@ -111,7 +112,7 @@ async fn an_idle_tls_client_costs_at_most_eight_kilobytes() {
         "idle TLS clients: {before} KB with 50, {after} KB with {}: {per_client:.1} KB each",
         n + 50
     );
-    // 5.5 KB measured (debug build; 12.6 KB before, with rustls' buffered
+    // 5.3 KB measured (debug build; 12.6 KB before, with rustls' buffered
     // connection and its 4 KiB read buffer kept for life): besides a plain
     // client's, rustls' connection state (about 1.2 KB, the keys of both
     // directions and the TLS 1.3 state about 1.7 KB) and the TLS details

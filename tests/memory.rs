@@ -44,8 +44,8 @@ async fn an_idle_client_costs_at_most_two_kilobytes() {
         "idle clients: {before} KB with 100, {after} KB with {}: {per_client:.1} KB each",
         n + 100
     );
-    // 1.6 KB measured (debug build, mimalloc without transparent huge
-    // pages; 1.8 with glibc's malloc; it was 7.0 with the whole serve loop's
+    // 1.8 KB measured (debug build, glibc's malloc; 1.6 under mimalloc,
+    // which usher does not use: README "Performance"; it was 7.0 with the whole serve loop's
     // future in every idle task). What an idle client holds (heaptrack): its
     // task, 256 B (the small serve future: the busy phase is boxed and
     // freed while idle); tokio's socket registration, 256 B; the Session,

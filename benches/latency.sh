@@ -27,13 +27,7 @@ ulimit -n "$(ulimit -Hn)"
 
 export PGPASSWORD=bench-pw
 pgbench -i -q -s 10 -h 127.0.0.1 -p "$PGPORT" -U bench bench >/dev/null 2>&1
-USHER_PORT=$(free_port)
-PGB_PORT=$(free_port)
-mkdir -p "$work/no-hooks"
-USHER_SECRET=$(scram_verifier bench) start_usher usher "$USHER_PORT" "hooks: { dir: $work/no-hooks }
-max_client_conn: 20000"
-
-start_pgbouncer "$PGB_PORT"
+start_usher_and_pgbouncer "max_client_conn: 20000"
 mkdir -p "$work/logs" && chmod 777 "$work/logs"
 
 # measure PORT CLIENTS: "tps p50_ms p99_ms p999_ms"

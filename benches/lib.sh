@@ -119,3 +119,16 @@ INI
   PGB_PID=$(cat "$work/pgbouncer/pgbouncer.pid")
   usher_pids="$usher_pids $PGB_PID"
 }
+
+# start_usher_and_pgbouncer [EXTRA_YAML]: usher without hooks and PgBouncer,
+# both checking the bench role's SCRAM verifier; sets USHER_PORT, U_PID,
+# PGB_PORT and PGB_PID.
+start_usher_and_pgbouncer() {
+  USHER_PORT=$(free_port)
+  PGB_PORT=$(free_port)
+  mkdir -p "$work/no-hooks"
+  USHER_SECRET=$(scram_verifier bench) start_usher usher "$USHER_PORT" "hooks: { dir: $work/no-hooks }
+${1:-}"
+  U_PID=$USHER_PID
+  start_pgbouncer "$PGB_PORT"
+}

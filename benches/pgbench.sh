@@ -30,12 +30,7 @@ MODES=${MODES:-"simple extended prepared"}
 
 export PGPASSWORD=bench-pw
 pgbench -i -q -s 10 -h 127.0.0.1 -p "$PGPORT" -U bench bench >/dev/null 2>&1
-USHER_PORT=$(free_port)
-PGB_PORT=$(free_port)
-mkdir -p "$work/no-hooks"
-USHER_SECRET=$(scram_verifier bench) start_usher usher "$USHER_PORT" "hooks: { dir: $work/no-hooks }"
-U_PID=$USHER_PID
-start_pgbouncer "$PGB_PORT"
+start_usher_and_pgbouncer
 
 echo
 echo "pgbench -S, scale 10, ${DURATION}s x $ROUNDS interleaved rounds per point, medians; pool_size $POOL_SIZE, transaction mode"

@@ -9,6 +9,7 @@
 //! - [`stream`]: the client's connection, plain or TLS.
 //! - [`flow`]: the forwarding decisions, without I/O (unit-tested).
 //! - [`budget`]: the memory all clients' read buffers may hold together.
+//! - [`spare_buffers`]: forwarding buffers kept per thread between transactions.
 //! - [`abandon`]: a server connection its client left busy: cancelled,
 //!   drained and reused, or closed once its backend is gone.
 
@@ -23,6 +24,7 @@ pub(crate) mod login_slots;
 pub(crate) mod params;
 pub mod prepared;
 pub(crate) mod session;
+mod spare_buffers;
 pub mod sql_scan;
 
 use crate::metrics::ErrorSource;

@@ -21,6 +21,7 @@ use super::deps::SessionDeps;
 use super::flow::{self, ClientStep, Flow, Note, PinStep, ServerStep};
 use super::params::SessionParams;
 use super::prepared::{self, ClientStatements, Rewriter};
+use super::spare_buffers;
 use super::sql_scan::PinKinds;
 use crate::backend::HeldState;
 use crate::config::{Pinning, PoolMode};
@@ -39,9 +40,6 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Instant;
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
-
-/// Read buffers grow from this size; they are freed while the client is idle.
-const BUFFER_SIZE: usize = 16 * 1024;
 
 /// A logged-in client and what its session wants.
 pub struct Session {
@@ -153,15 +151,29 @@ struct Forwarding {
 impl Forwarding {
     /// Client bytes that went (or stand for what went) to the server.
     fn keep_copy(&mut self, bytes: &[u8]) {
-        if !self.flow.copying() {
-            return;
-        }
-        if self.copy.len() + bytes.len() > flow::REPLAY_LIMIT {
-            self.flow.copy_lost();
-            self.copy = BytesMut::new();
-        } else {
-            self.copy.extend_from_slice(bytes);
-        }
+        keep_copy(&mut self.flow, &mut self.copy, bytes);
+    }
+
+    /// The client is idle again: its buffers go back for the next busy
+    /// client on this thread.
+    fn give_back_buffers(&mut self) {
+        spare_buffers::give_back(&mut self.in_buf);
+        spare_buffers::give_back(&mut self.out_buf);
+        spare_buffers::give_back(&mut self.to_server);
+        spare_buffers::give_back(&mut self.copy);
+    }
+}
+
+/// Keeps client bytes in the copy of the segment (see [`Forwarding::copy`]).
+fn keep_copy(flow: &mut Flow, copy: &mut BytesMut, bytes: &[u8]) {
+    if !flow.copying() {
+        return;
+    }
+    if copy.len() + bytes.len() > flow::REPLAY_LIMIT {
+        flow.copy_lost();
+        *copy = BytesMut::new();
+    } else {
+        copy.extend_from_slice(bytes);
     }
 }
 
@@ -340,6 +352,7 @@ impl Session {
             _ = handle.killed() => (LoopEnd::Error(killed()), true),
         };
         if let LoopEnd::Idle = end {
+            fwd.give_back_buffers();
             self.flow = (!fwd.flow.at_rest()).then(|| Box::new(fwd.flow));
             self.in_walker = fwd.in_walker;
             return Phase::Parked;
@@ -376,7 +389,7 @@ impl Session {
                 .set_server(Some(checkout.conn.summary().clone()));
             fwd.held = Some(*checkout);
             self.pool.stats.client_active(1);
-            fwd.out_buf.reserve(BUFFER_SIZE);
+            spare_buffers::reserve(&mut fwd.out_buf);
         }
         fwd
     }
@@ -484,7 +497,7 @@ impl Session {
             {
                 // An idle client keeps no buffer, and nobody keeps a large
                 // one once the message that needed it is gone.
-                fwd.in_buf = BytesMut::new();
+                spare_buffers::give_back(&mut fwd.in_buf);
                 self.deps.buffers.recharge(&mut self.charged, 0, 0);
             }
             if woke
@@ -540,7 +553,7 @@ impl Session {
                 read = async {
                     if in_buf.capacity() == in_buf.len() {
                         client.readable().await?;
-                        in_buf.reserve(BUFFER_SIZE);
+                        spare_buffers::reserve(in_buf);
                     }
                     client.read_buf(in_buf).await
                 }, if read_client => match read {
@@ -734,9 +747,15 @@ impl Session {
         let stats = &pool.stats;
         loop {
             if rewriting && fwd.flow.quiet() && fwd.in_walker.at_boundary() {
-                // A new segment begins: copy it, for a replay.
+                // A new segment begins: copy it, for a replay. Only a
+                // segment that begins with a Bind is ever replayed: one
+                // that begins with a Query (most of them) is not copied.
                 fwd.copy.clear();
-                fwd.flow.copy_started();
+                if fwd.in_buf.first() == Some(&frontend::QUERY) {
+                    fwd.flow.copy_lost();
+                } else {
+                    fwd.flow.copy_started();
+                }
             }
             let mut stopped_at = None;
             let flow = &mut fwd.flow;
@@ -770,12 +789,11 @@ impl Session {
                 fwd.held = Some(checkout);
                 stats.client_active(1);
                 fwd.lent_at = Instant::now();
-                fwd.out_buf.reserve(BUFFER_SIZE);
+                spare_buffers::reserve(&mut fwd.out_buf);
             }
             if walked.forward > 0 {
-                let chunk = fwd.in_buf.split_to(walked.forward);
-                fwd.keep_copy(&chunk);
-                queue_for_server(&mut fwd.to_server, chunk);
+                keep_copy(&mut fwd.flow, &mut fwd.copy, &fwd.in_buf[..walked.forward]);
+                move_to_server(&mut fwd.to_server, &mut fwd.in_buf, walked.forward);
             }
             match stopped_at {
                 None => return Ok(()),
@@ -907,13 +925,15 @@ impl Session {
                 self.statements.forget_failed(&name, id);
             }
             if walked.forward > 0 {
-                let chunk = fwd.out_buf.split_to(walked.forward);
-                self.pool.stats.sent(chunk.len() as u64);
-                self.sent += chunk.len() as u64;
+                // Written from the buffer itself, then consumed: the buffer
+                // stays one block of its own, kept for the next read.
+                self.pool.stats.sent(walked.forward as u64);
+                self.sent += walked.forward as u64;
                 client
-                    .write_all(&chunk)
+                    .write_all(&fwd.out_buf[..walked.forward])
                     .await
                     .map_err(|_| LoopEnd::ClientLeft)?;
+                spare_buffers::consume(&mut fwd.out_buf, walked.forward);
             }
             match answer {
                 Some(step) => {
@@ -1058,10 +1078,11 @@ impl Session {
         // sees the pool as it is after this transaction.
         self.pool.stats.client_active(-1);
         self.pool.stats.transaction_time(lent);
-        fwd.out_buf = BytesMut::new();
+        fwd.out_buf.clear();
         fwd.out_walker = FrameWalker::new(usize::MAX >> 1);
-        // An idle client keeps no copy of its last segment either.
-        fwd.copy = BytesMut::new();
+        // An idle client keeps no copy of its last segment either (the
+        // busy phase gives both buffers back when it parks).
+        fwd.copy.clear();
         fwd.flow.released();
         Ok(true)
     }
@@ -1381,12 +1402,29 @@ enum ServerIo {
     Wrote,
 }
 
-/// Adds client bytes to those queued for the server (no copy when none are).
+/// Adds bytes usher made (a rewritten message) to those queued for the
+/// server (no copy when none are).
 fn queue_for_server(queue: &mut BytesMut, bytes: BytesMut) {
     if queue.is_empty() {
-        *queue = bytes;
+        spare_buffers::give(std::mem::replace(queue, bytes));
     } else {
         queue.extend_from_slice(&bytes);
+    }
+}
+
+/// Moves the first `n` bytes the client sent to those queued for the
+/// server. The usual case, all that was read and nothing queued, swaps the
+/// two buffers: no copy, and each stays a block of its own for reuse.
+fn move_to_server(queue: &mut BytesMut, from: &mut BytesMut, n: usize) {
+    if queue.is_empty() && n == from.len() {
+        std::mem::swap(queue, from);
+        from.clear();
+    } else {
+        if queue.capacity() == 0 {
+            *queue = spare_buffers::take();
+        }
+        queue.extend_from_slice(&from[..n]);
+        spare_buffers::consume(from, n);
     }
 }
 
@@ -1399,7 +1437,7 @@ async fn server_io(
     out_buf: &mut BytesMut,
 ) -> std::io::Result<ServerIo> {
     if out_buf.capacity() == out_buf.len() {
-        out_buf.reserve(BUFFER_SIZE);
+        spare_buffers::reserve(out_buf);
     }
     std::future::poll_fn(|cx| {
         if !to_server.is_empty() {
@@ -1408,9 +1446,10 @@ async fn server_io(
                     return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into()))
                 }
                 Poll::Ready(Ok(n)) => {
-                    to_server.advance(n);
-                    if to_server.is_empty() {
-                        // Let go of the read buffer it may share.
+                    spare_buffers::consume(to_server, n);
+                    if to_server.is_empty() && to_server.capacity() > budget::FREE_BYTES {
+                        // A large message's buffer is not kept (nor
+                        // charged): let it go once it is written.
                         *to_server = BytesMut::new();
                     }
                     return Poll::Ready(Ok(ServerIo::Wrote));

@@ -159,6 +159,12 @@ pub fn scan(sql: &[u8]) -> Effects {
     let mut set_session = false;
     while at < sql.len() {
         let b = sql[at];
+        // Most bytes are spaces, digits and punctuation the scan passes
+        // over: one table look-up each.
+        if CLASS[b as usize] == PLAIN {
+            at += 1;
+            continue;
+        }
         match b {
             b';' => {
                 statement_start = true;
@@ -443,20 +449,55 @@ impl Word {
             27 => &[(b"pg_try_advisory_lock_shared", AdvisoryLock)],
             _ => return Other,
         };
+        // The first letter rules out most candidates (names are lower case).
+        let first = word[0].to_ascii_lowercase();
         candidates
             .iter()
-            .find(|(name, _)| word.eq_ignore_ascii_case(name))
+            .find(|(name, _)| name[0] == first && word.eq_ignore_ascii_case(name))
             .map_or(Other, |(_, kind)| *kind)
     }
 }
 
 fn is_word_start(b: u8) -> bool {
-    b.is_ascii_alphabetic() || b == b'_' || b >= 0x80
+    CLASS[b as usize] == WORD_START
 }
 
+/// The scan's byte classes: bytes it passes over, bytes that may start a
+/// word, and the rest (what may begin a literal, an identifier, a comment
+/// or the next statement, and what may continue a word).
+const PLAIN: u8 = 0;
+const WORD_START: u8 = 1;
+const OTHER: u8 = 2;
+/// Bytes that may continue a word (letters, digits, `_`, `$`, non-ASCII).
+const IN_WORD: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        t[b] = c.is_ascii_alphanumeric() || c == b'_' || c == b'$' || c >= 0x80;
+        b += 1;
+    }
+    t
+};
+const CLASS: [u8; 256] = {
+    let mut t = [PLAIN; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        t[b] = if c.is_ascii_alphabetic() || c == b'_' || c >= 0x80 {
+            WORD_START
+        } else if matches!(c, b';' | b'\'' | b'"' | b'-' | b'/' | b'$') {
+            OTHER
+        } else {
+            PLAIN
+        };
+        b += 1;
+    }
+    t
+};
+
 fn word_end(sql: &[u8], mut at: usize) -> usize {
-    while at < sql.len() && (is_word_start(sql[at]) || sql[at].is_ascii_digit() || sql[at] == b'$')
-    {
+    while at < sql.len() && IN_WORD[sql[at] as usize] {
         at += 1;
     }
     at

@@ -85,6 +85,9 @@ impl From<crate::backend::ConnectError> for PgError {
                     .with_detail(format!("usher has {has}"))
                     .with_hint(hint)
             }
+            crate::backend::ConnectError::NoHost { ref tried, .. } => {
+                PgError::fatal(e.sqlstate(), e.to_string()).with_detail(tried.join("; "))
+            }
             e => PgError::fatal(e.sqlstate(), e.to_string()),
         }
     }

@@ -83,7 +83,10 @@ async fn read_write_reaches_the_primary_even_when_the_replica_is_listed_first() 
     )
     .await;
     let alice = usher.alice().await;
-    assert_eq!(server_of(&alice).await.unwrap(), (primary.port as i32, false));
+    assert_eq!(
+        server_of(&alice).await.unwrap(),
+        (primary.port as i32, false)
+    );
     alice
         .batch_execute("CREATE TEMP TABLE written (x int)")
         .await
@@ -104,7 +107,10 @@ async fn read_only_reaches_the_replica() {
     )
     .await;
     let alice = usher.alice().await;
-    assert_eq!(server_of(&alice).await.unwrap(), (replica.port as i32, true));
+    assert_eq!(
+        server_of(&alice).await.unwrap(),
+        (replica.port as i32, true)
+    );
     // SHOW SERVERS names the replica for the connection alice holds.
     let servers = console(&usher, "SHOW SERVERS").await;
     let held = row(&servers, "user", "alice");
@@ -118,7 +124,11 @@ async fn a_dead_host_listed_first_is_skipped_and_the_next_login_does_not_try_it_
     let usher = usher(&format!("\"127.0.0.1:{dead}\", {}", host(primary)), "").await;
     let alice = usher.alice().await;
     assert_eq!(server_of(&alice).await.unwrap().0, primary.port as i32);
-    assert_eq!(tried.load(Ordering::SeqCst), 1, "the dead host was tried first");
+    assert_eq!(
+        tried.load(Ordering::SeqCst),
+        1,
+        "the dead host was tried first"
+    );
     // bob's pool opens its own server connection: the dead host is in
     // back-off for every pool, so it goes straight to the primary.
     let bob = usher
@@ -145,8 +155,8 @@ async fn with_no_host_fitting_the_client_gets_08001_naming_the_target() {
     let e = usher
         .connect_as("alice", ALICE_PASSWORD)
         .await
-        .err()
-        .expect("no host fits: the login fails");
+        .map(|_| ())
+        .expect_err("no host fits: the login fails");
     assert_eq!(sqlstate(&e).as_deref(), Some("08001"), "{e}");
     let db = e.as_db_error().unwrap();
     assert_eq!(db.message(), "no host fits target_session_attrs=read-write");
@@ -169,24 +179,31 @@ async fn after_a_promotion_read_write_clients_reach_the_new_primary() {
     )
     .await;
     let before = usher.alice().await;
-    assert_eq!(server_of(&before).await.unwrap(), (primary.port as i32, false));
+    assert_eq!(
+        server_of(&before).await.unwrap(),
+        (primary.port as i32, false)
+    );
 
     primary.stop_fast();
     // The primary is gone and the replica is a standby: nothing fits.
     let e = usher
         .connect_as("bob", BOB_PASSWORD)
         .await
-        .err()
-        .expect("no primary: the login fails");
+        .map(|_| ())
+        .expect_err("no primary: the login fails");
     assert_eq!(sqlstate(&e).as_deref(), Some("08001"), "{e}");
 
     replica.promote();
     // New clients reach the new primary (retried: the old primary's
     // back-off and the promotion settle in their own time).
-    let after = wait_for_async(DEADLINE, "a read-write login after the promotion", || async {
-        let client = usher.connect_as("bob", BOB_PASSWORD).await?;
-        server_of(&client).await.map(|s| (client, s))
-    })
+    let after = wait_for_async(
+        DEADLINE,
+        "a read-write login after the promotion",
+        || async {
+            let client = usher.connect_as("bob", BOB_PASSWORD).await?;
+            server_of(&client).await.map(|s| (client, s))
+        },
+    )
     .await;
     assert_eq!(after.1, (replica.port as i32, false));
     after
@@ -197,6 +214,9 @@ async fn after_a_promotion_read_write_clients_reach_the_new_primary() {
     // The client from before the fail-over: its pool's idle connection to
     // the old primary is dropped, and its next statement runs on the new
     // primary.
-    let moved = wait_for_async(DEADLINE, "the old client's statement", || server_of(&before)).await;
+    let moved = wait_for_async(DEADLINE, "the old client's statement", || {
+        server_of(&before)
+    })
+    .await;
     assert_eq!(moved, (replica.port as i32, false));
 }

@@ -301,7 +301,12 @@ pub(super) fn show_databases(deps: &SessionDeps) -> Reply {
                 Some(limits.mode.to_string()),
                 // PgBouncer's names for libpq's load_balance_hosts.
                 db.hosts.as_ref().map(|_| {
-                    if db.load_balance { "round-robin" } else { "disable" }.to_string()
+                    if db.load_balance {
+                        "round-robin"
+                    } else {
+                        "disable"
+                    }
+                    .to_string()
                 }),
                 n(0),
                 n(connections),

@@ -158,7 +158,9 @@ mod tests {
         assert_eq!(spec("[::1]:6000").unwrap(), h("::1", Some(6000)));
         assert_eq!(spec("[::1]").unwrap(), h("::1", None));
         assert_eq!(spec("fe80::1").unwrap(), h("fe80::1", None));
-        for bad in ["", ":5432", "db:", "db:0", "db:70000", "db:x", "[::1", "[::1]x", "a b"] {
+        for bad in [
+            "", ":5432", "db:", "db:0", "db:70000", "db:x", "[::1", "[::1]x", "a b",
+        ] {
             assert!(spec(bad).is_err(), "{bad:?} parsed");
         }
     }
@@ -195,7 +197,11 @@ mod tests {
                 "databases.a.hosts",
                 "not both",
             ),
-            ("databases: { a: { hosts: [] } }", "databases.a.hosts", "at least one"),
+            (
+                "databases: { a: { hosts: [] } }",
+                "databases.a.hosts",
+                "at least one",
+            ),
             (
                 "databases: { a: { hosts: [y, \"z:0\"] } }",
                 "databases.a.hosts[1]",

@@ -32,17 +32,21 @@ fn pair() -> &'static (PgCluster, PgCluster) {
     })
 }
 
-/// usher with database `app` on `hosts` (YAML list items) and `keys`.
-async fn usher(hosts: &str, keys: &str) -> Usher {
-    Usher::start_yaml(&format!(
+/// The configuration of database `app` on `hosts` (YAML list items) with
+/// `keys`.
+fn yaml(hosts: &str, keys: &str) -> String {
+    format!(
         "listen: 127.0.0.1:0\n\
          hooks: {{ dir: tests/no-hooks }}\n\
          server_connect_timeout: 5\n\
          databases:\n  app: {{ hosts: [{hosts}]{keys} }}\n\
          users:\n  alice: {{ password: {ALICE_PASSWORD} }}\n  bob: {{ password: {BOB_PASSWORD} }}\n  admin: {{ password: admin-pw }}\n\
          admin: {{ users: [admin] }}\n"
-    ))
-    .await
+    )
+}
+
+async fn usher(hosts: &str, keys: &str) -> Usher {
+    Usher::start_yaml(&yaml(hosts, keys)).await
 }
 
 fn host(pg: &PgCluster) -> String {
@@ -219,4 +223,24 @@ async fn after_a_promotion_read_write_clients_reach_the_new_primary() {
     })
     .await;
     assert_eq!(moved, (replica.port as i32, false));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_changes_the_target_reconnects_to_a_host_that_fits() {
+    let (primary, replica) = pair();
+    let hosts = format!("{}, {}", host(primary), host(replica));
+    let usher = usher(&hosts, ", target: read-only").await;
+    let alice = usher.alice().await;
+    assert_eq!(
+        server_of(&alice).await.unwrap(),
+        (replica.port as i32, true)
+    );
+    usher.rewrite_config(&yaml(&hosts, ", target: read-write"));
+    console(&usher, "RELOAD").await;
+    // The pool's connection to the replica is of the old generation: the
+    // next statement gets a new one, on the primary.
+    assert_eq!(
+        server_of(&alice).await.unwrap(),
+        (primary.port as i32, false)
+    );
 }

@@ -3,7 +3,8 @@
 //! `load_balance_hosts`, plus what a pooler needs and libpq does not keep:
 //! a memory of each host across connections.
 //!
-//! - [`ServerHosts`]: one pool's list, its target and the rotation;
+//! - [`ServerHosts`]: one pool's list, its target and the rotation
+//!   (`load_balance`: from a random host, then each connection the next);
 //!   [`ServerHosts::plan`] orders the hosts for one connection.
 //! - [`HostHealth`]: per host (shared by every pool, since a dead server is
 //!   dead for all of them): the connect failures in a row and until when
@@ -90,7 +91,8 @@ pub struct ServerHosts {
     list: Vec<(String, u16)>,
     target: TargetSessionAttrs,
     load_balance: bool,
-    /// Where the next connection's rotation starts (`load_balance`).
+    /// Where the next connection's rotation starts (`load_balance`;
+    /// wraps, modulo the list's length).
     next: AtomicUsize,
     /// The host of the last connection that fit (SHOW DATABASES).
     in_use: Mutex<Option<(usize, Instant)>>,
@@ -113,7 +115,9 @@ impl ServerHosts {
             list,
             target,
             load_balance,
-            next: AtomicUsize::new(0),
+            // A random first start, so that many small pools of one
+            // database do not all begin at the first host.
+            next: AtomicUsize::new(if load_balance { rand::random() } else { 0 }),
             in_use: Mutex::new(None),
             health,
         }
@@ -271,9 +275,11 @@ mod tests {
         let h = hosts(3, Any, false);
         assert_eq!((h.plan(now), h.plan(now)), (vec![0, 1, 2], vec![0, 1, 2]));
         let h = hosts(3, Any, true);
+        let first = h.plan(now);
         let starts: Vec<usize> = (0..4).map(|_| h.plan(now)[0]).collect();
-        assert_eq!(starts, vec![0, 1, 2, 0]);
-        assert_eq!(h.plan(now), vec![1, 2, 0]);
+        let after = |i: usize| (first[0] + i) % 3;
+        assert_eq!(starts, vec![after(1), after(2), after(3), after(4)]);
+        assert_eq!(h.plan(now), vec![after(5), after(6), after(7)]);
     }
 
     #[test]

@@ -6,16 +6,16 @@
 //! TLS, credential sources and HBA rules live in [`security`].
 
 pub mod builtins;
-mod hosts;
 pub mod security;
+mod servers;
 pub mod settings;
 
 pub use builtins::{
     AuthMonitorConfig, BlockAction, BlockRuleConfig, BlockingConfig, LockoutConfig,
     MaintenanceConfig,
 };
-pub use hosts::{HostSpec, TargetSessionAttrs};
 pub use security::{HbaMethod, HbaRuleConfig, HbaType, ServerTlsMode, TlsConfig, TlsMode};
+pub use servers::{HostSpec, TargetSessionAttrs};
 
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -744,7 +744,7 @@ impl Config {
                     ));
                 }
             }
-            hosts::check(db).map_err(|e| e.under(&format!("databases.{name}")))?;
+            servers::check(db).map_err(|e| e.under(&format!("databases.{name}")))?;
             if is_admin_database(name) {
                 return Err(err(
                     &format!("databases.{name}"),

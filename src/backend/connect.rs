@@ -65,6 +65,7 @@ pub async fn connect(target: &ServerTarget, timeout: Duration) -> Result<ServerC
         return connect_to(target, host, *port, timeout).await;
     }
     let mut tried = Vec::new();
+    let (mut unfit, mut last_error) = (false, None);
     for i in hosts.plan(Instant::now()) {
         let (host, port) = &hosts.list()[i];
         let outcome = match connect_to(target, host, *port, timeout).await {
@@ -82,6 +83,7 @@ pub async fn connect(target: &ServerTarget, timeout: Duration) -> Result<ServerC
                     return Ok(conn);
                 }
                 tracing::debug!(%host, port, target = %hosts.target(), "server does not fit the target; trying the next");
+                unfit = true;
                 tried.push(format!("{host}:{port}: {}", unfit_reason(hosts.target())));
             }
             // The same answer from every server (they share their roles
@@ -91,13 +93,19 @@ pub async fn connect(target: &ServerTarget, timeout: Duration) -> Result<ServerC
                 let skip = hosts.failed(i, Instant::now());
                 tracing::warn!(%host, port, code = e.sqlstate(), error = %e, skip_s = skip.as_secs_f64(), "server could not be used; trying the next");
                 tried.push(format!("{host}:{port}: {e}"));
+                last_error = Some(e);
             }
         }
     }
-    Err(ConnectError::NoHost {
-        target: hosts.target(),
-        tried,
-    })
+    match last_error {
+        // One server tried, and it failed: its own error, as without hosts.
+        Some(e) if tried.len() == 1 => Err(e),
+        _ => Err(ConnectError::NoHost {
+            target: hosts.target(),
+            unfit,
+            tried,
+        }),
+    }
 }
 
 /// Whether `conn`'s sessions are read-only, when the target asks (`None`

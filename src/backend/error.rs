@@ -128,6 +128,8 @@ pub enum ConnectError {
     /// one's `host:port: why`, in the order tried.
     NoHost {
         target: TargetSessionAttrs,
+        /// Some host was reached but did not fit the target.
+        unfit: bool,
         tried: Vec<String>,
     },
 }
@@ -214,9 +216,11 @@ impl fmt::Display for ConnectError {
             ConnectError::Protocol(what) => write!(f, "server login: {what}"),
             ConnectError::Encode(e) => e.fmt(f),
             // The hosts tried and why go into the client's DETAIL.
-            ConnectError::NoHost { target, .. } => match target {
-                TargetSessionAttrs::Any => f.write_str("could not connect to any host"),
-                t => write!(f, "no host fits target_session_attrs={t}"),
+            ConnectError::NoHost { target, unfit, .. } => match (target, unfit) {
+                (TargetSessionAttrs::Any, _) | (_, false) => {
+                    f.write_str("could not connect to any host")
+                }
+                (t, true) => write!(f, "no host fits target_session_attrs={t}"),
             },
         }
     }

@@ -244,3 +244,34 @@ async fn a_reload_that_changes_the_target_reconnects_to_a_host_that_fits() {
         (primary.port as i32, false)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_connection_to_a_promoted_standby_is_not_handed_out_for_read_only() {
+    // A pair of its own: the replica is promoted, the primary stopped.
+    let primary = PgCluster::start();
+    let replica = primary.start_replica();
+    let usher = usher(&host(&replica), ", target: read-only").await;
+    let alice = usher.alice().await;
+    assert_eq!(
+        server_of(&alice).await.unwrap(),
+        (replica.port as i32, true)
+    );
+    primary.stop_fast();
+    replica.promote();
+    // The pooled connection learns of the promotion with its next answer
+    // (the server reports in_hot_standby off then); that one use may
+    // already be refused, so its outcome is not the point.
+    let _ = server_of(&alice).await;
+    // From then on it does not fit read-only: the next client of the same
+    // pool does not get it, and with no standby left it is told so.
+    let e = match usher.connect_as("alice", ALICE_PASSWORD).await {
+        Ok(again) => server_of(&again).await.map(|s| s.0),
+        Err(e) => Err(e),
+    }
+    .expect_err("the promoted server was used for a read-only client");
+    assert_eq!(sqlstate(&e).as_deref(), Some("08001"), "{e}");
+    assert_eq!(
+        e.as_db_error().unwrap().message(),
+        "no host fits target_session_attrs=read-only"
+    );
+}

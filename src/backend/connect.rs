@@ -66,13 +66,13 @@ pub async fn connect(target: &ServerTarget, timeout: Duration) -> Result<ServerC
     }
     let mut tried = Vec::new();
     let (mut unfit, mut last_error) = (false, None);
-    for i in hosts.plan(Instant::now()) {
+    let plan = hosts.plan(Instant::now());
+    for &i in &plan {
         let (host, port) = &hosts.list()[i];
         let outcome = match connect_to(target, host, *port, timeout).await {
-            Ok(mut conn) => match check_target(&mut conn, hosts, timeout).await {
-                Ok(read_only) => Ok((conn, read_only)),
-                Err(e) => Err(e),
-            },
+            Ok(mut conn) => check_target(&mut conn, hosts, timeout)
+                .await
+                .map(|read_only| (conn, read_only)),
             Err(e) => Err(e),
         };
         match outcome {
@@ -97,9 +97,14 @@ pub async fn connect(target: &ServerTarget, timeout: Duration) -> Result<ServerC
             }
         }
     }
+    for (i, (host, port)) in hosts.list().iter().enumerate() {
+        if !plan.contains(&i) {
+            tried.push(format!("{host}:{port}: skipped (failed lately)"));
+        }
+    }
     match last_error {
-        // One server tried, and it failed: its own error, as without hosts.
-        Some(e) if tried.len() == 1 => Err(e),
+        // One server, and it failed: its own error, as without `hosts`.
+        Some(e) if hosts.list().len() == 1 => Err(e),
         _ => Err(ConnectError::NoHost {
             target: hosts.target(),
             unfit,

@@ -125,7 +125,8 @@ pub enum ConnectError {
     /// A login message could not be encoded (a NUL in a name...).
     Encode(io::Error),
     /// Of several hosts (or one with a target) none could be used: each
-    /// one's `host:port: why`, in the order tried.
+    /// one's `host:port: why`, in the order tried, then those skipped
+    /// (in back-off).
     NoHost {
         target: TargetSessionAttrs,
         /// Some host was reached but did not fit the target.

@@ -287,10 +287,11 @@ pub(super) fn show_databases(deps: &SessionDeps) -> Reply {
             let connections: usize = pools_of(&pools, |p| &p.database == name)
                 .map(|p| p.idle_count() + p.stats.active.load(Relaxed))
                 .sum();
+            let (host, port) = shown_server(db, pools_of(&pools, |p| &p.database == name));
             vec![
                 Some(name.clone()),
-                Some(db.host.clone()),
-                n(db.port),
+                Some(host),
+                n(port),
                 Some(db.server_dbname(name).to_string()),
                 None,
                 n(limits.size),
@@ -298,7 +299,15 @@ pub(super) fn show_databases(deps: &SessionDeps) -> Reply {
                 n(0),
                 n(limits.server_lifetime.map_or(0, |d| d.as_secs())),
                 Some(limits.mode.to_string()),
-                None,
+                // PgBouncer's names for libpq's load_balance_hosts.
+                db.hosts.as_ref().map(|_| {
+                    if db.load_balance {
+                        "round-robin"
+                    } else {
+                        "disable"
+                    }
+                    .to_string()
+                }),
                 n(0),
                 n(connections),
                 n(deps.config().max_client_conn),
@@ -309,6 +318,31 @@ pub(super) fn show_databases(deps: &SessionDeps) -> Reply {
         })
         .collect();
     Reply::rows(&columns, rows)
+}
+
+/// SHOW DATABASES' host and port: the one server, or of several hosts
+/// the one the database's pools connected to last (they fit the target),
+/// or, before any connection, the list as PgBouncer shows it (`a,b`) and
+/// the first one's port.
+fn shown_server<'a>(
+    db: &crate::config::DatabaseConfig,
+    pools: impl Iterator<Item = &'a Arc<Pool>>,
+) -> (String, u16) {
+    let servers = db.server_hosts();
+    if servers.len() == 1 {
+        return servers[0].clone();
+    }
+    let latest = pools
+        .filter_map(|p| p.server_in_use())
+        .filter(|(server, _)| servers.contains(server))
+        .max_by_key(|(_, at)| *at);
+    match latest {
+        Some((server, _)) => server,
+        None => {
+            let names: Vec<&str> = servers.iter().map(|(h, _)| h.as_str()).collect();
+            (names.join(","), servers[0].1)
+        }
+    }
 }
 
 pub(super) fn show_users(deps: &SessionDeps) -> Reply {

@@ -38,8 +38,9 @@ pub type Answer = Option<Option<Secret>>;
 /// Where a database lives, for the auth query's connection.
 #[derive(Debug)]
 struct Target {
-    host: String,
-    port: u16,
+    /// The database's servers, tried in order: the query only reads, so
+    /// any of them (a standby too) can answer it.
+    hosts: Vec<(String, u16)>,
     dbname: String,
     tls: ServerTls,
 }
@@ -78,8 +79,7 @@ impl AuthQuery {
             .listed_databases()
             .map(|(name, db)| {
                 let target = Target {
-                    host: db.host.clone(),
-                    port: db.port,
+                    hosts: db.server_hosts(),
                     dbname: db.server_dbname(name).to_string(),
                     tls: tls.get(name).cloned().unwrap_or_else(ServerTls::disabled),
                 };
@@ -210,9 +210,17 @@ impl AuthQuery {
     async fn connect(&self, target: &Target) -> Result<Arc<tokio_postgres::Client>, PgError> {
         // The server could not be reached: the client is told why, as a
         // server login would tell it (never a server's refusal here).
-        let stream = server_stream::open(&target.host, target.port, &target.tls)
-            .await
-            .map_err(|e| PgError::fatal(e.sqlstate(), e.to_string()))?;
+        let mut opened = None;
+        for (host, port) in &target.hosts {
+            match server_stream::open(host, *port, &target.tls).await {
+                Ok(stream) => {
+                    opened = Some(Ok(stream));
+                    break;
+                }
+                Err(e) => opened = Some(Err(PgError::fatal(e.sqlstate(), e.to_string()))),
+            }
+        }
+        let stream = opened.unwrap_or_else(|| Err(lookup_failed("no server".into())))?;
         let mut config = tokio_postgres::Config::new();
         config
             .user(&self.user)

@@ -1,7 +1,10 @@
-//! Opening a server connection and logging in to PostgreSQL.
+//! Opening a server connection and logging in to PostgreSQL: to the one
+//! server of a database, or to the first of its hosts that answers and
+//! fits its target (the order and the back-off are hosts.rs').
 
 use super::credential::{ServerCredential, SharedCredential};
 use super::error::{ConnectError, WireError};
+use super::hosts::{unfit_reason, ServerHosts};
 use super::{read_backend_message, server_error, server_stream, CancelTarget, ServerConn};
 use crate::protocol::scram_client::ScramClient;
 use crate::tls::ServerTls;
@@ -11,14 +14,15 @@ use postgres_protocol::authentication::sasl::{self, ChannelBinding, ScramSha256}
 use postgres_protocol::message::backend::Message;
 use postgres_protocol::message::frontend;
 use std::collections::HashMap;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 
 /// Everything needed to open a server connection for one pool.
 #[derive(Clone)]
 pub struct ServerTarget {
-    pub host: String,
-    pub port: u16,
+    /// The servers (one, or `hosts` with a target).
+    pub hosts: Arc<ServerHosts>,
     pub dbname: String,
     pub user: String,
     pub tls: ServerTls,
@@ -44,8 +48,8 @@ impl Scram {
 impl std::fmt::Debug for ServerTarget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ServerTarget")
-            .field("host", &self.host)
-            .field("port", &self.port)
+            .field("hosts", &self.hosts.list())
+            .field("target", &self.hosts.target())
             .field("dbname", &self.dbname)
             .field("user", &self.user)
             .field("tls", &self.tls.mode)
@@ -53,20 +57,106 @@ impl std::fmt::Debug for ServerTarget {
     }
 }
 
-/// Connects and logs in, within `timeout`.
+/// Connects and logs in, within `timeout` per server tried.
 pub async fn connect(target: &ServerTarget, timeout: Duration) -> Result<ServerConn, ConnectError> {
-    match tokio::time::timeout(timeout, connect_inner(target)).await {
+    let hosts = &target.hosts;
+    if hosts.is_plain() {
+        let (host, port) = &hosts.list()[0];
+        return connect_to(target, host, *port, timeout).await;
+    }
+    let mut tried = Vec::new();
+    let (mut unfit, mut last_error) = (false, None);
+    let plan = hosts.plan(Instant::now());
+    for &i in &plan {
+        let (host, port) = &hosts.list()[i];
+        let outcome = match connect_to(target, host, *port, timeout).await {
+            Ok(mut conn) => check_target(&mut conn, hosts, timeout)
+                .await
+                .map(|read_only| (conn, read_only)),
+            Err(e) => Err(e),
+        };
+        match outcome {
+            Ok((conn, read_only)) => {
+                let fit = read_only.is_none_or(|ro| hosts.target().fits(ro));
+                hosts.connected(i, read_only, fit);
+                if fit {
+                    return Ok(conn);
+                }
+                tracing::debug!(%host, port, target = %hosts.target(), "server does not fit the target; trying the next");
+                unfit = true;
+                tried.push(format!("{host}:{port}: {}", unfit_reason(hosts.target())));
+            }
+            // The same answer from every server (they share their roles
+            // and databases): the server's own error, as with one host.
+            Err(e) if e.is_final() => return Err(e),
+            Err(e) => {
+                let skip = hosts.failed(i, Instant::now());
+                tracing::warn!(%host, port, code = e.sqlstate(), error = %e, skip_s = skip.as_secs_f64(), "server could not be used; trying the next");
+                tried.push(format!("{host}:{port}: {e}"));
+                last_error = Some(e);
+            }
+        }
+    }
+    for (i, (host, port)) in hosts.list().iter().enumerate() {
+        if !plan.contains(&i) {
+            tried.push(format!("{host}:{port}: skipped (failed lately)"));
+        }
+    }
+    match last_error {
+        // One server, and it failed: its own error, as without `hosts`.
+        Some(e) if hosts.list().len() == 1 => Err(e),
+        _ => Err(ConnectError::NoHost {
+            target: hosts.target(),
+            unfit,
+            tried,
+        }),
+    }
+}
+
+/// Whether `conn`'s sessions are read-only, when the target asks (`None`
+/// for `target: any`).
+async fn check_target(
+    conn: &mut ServerConn,
+    hosts: &ServerHosts,
+    timeout: Duration,
+) -> Result<Option<bool>, ConnectError> {
+    if hosts.target() == crate::config::TargetSessionAttrs::Any {
+        return Ok(None);
+    }
+    match tokio::time::timeout(timeout, conn.read_only()).await {
+        Ok(Ok(ro)) => Ok(Some(ro)),
+        Ok(Err(e)) => Err(ConnectError::Protocol(format!(
+            "could not tell whether the session is read-only: {e}"
+        ))),
+        Err(_) => Err(ConnectError::Protocol(
+            "no answer to SHOW transaction_read_only".into(),
+        )),
+    }
+}
+
+/// Connects to one server and logs in, within `timeout`.
+async fn connect_to(
+    target: &ServerTarget,
+    host: &str,
+    port: u16,
+    timeout: Duration,
+) -> Result<ServerConn, ConnectError> {
+    match tokio::time::timeout(timeout, connect_inner(target, host, port)).await {
         Ok(r) => r,
         Err(_) => Err(ConnectError::Timeout {
-            host: target.host.clone(),
-            port: target.port,
+            host: host.to_string(),
+            port,
             after: timeout,
         }),
     }
 }
 
-async fn connect_inner(target: &ServerTarget) -> Result<ServerConn, ConnectError> {
-    let mut stream = server_stream::open(&target.host, target.port, &target.tls).await?;
+async fn connect_inner(
+    target: &ServerTarget,
+    host: &str,
+    port: u16,
+) -> Result<ServerConn, ConnectError> {
+    let mut stream = server_stream::open(host, port, &target.tls).await?;
     let mut out = BytesMut::new();
     frontend::startup_message(
         [
@@ -177,8 +267,8 @@ async fn connect_inner(target: &ServerTarget) -> Result<ServerConn, ConnectError
     }
     let (pid, secret) = key.unwrap_or((0, 0));
     let cancel = CancelTarget {
-        host: target.host.clone(),
-        port: target.port,
+        host: host.to_string(),
+        port,
         pid,
         secret,
     };

@@ -4,6 +4,7 @@
 //! names the SQLSTATE class it belongs to (`sqlstate()`), so the edge
 //! does not have to guess.
 
+use crate::config::TargetSessionAttrs;
 use crate::protocol::error::sqlstate;
 use std::fmt;
 use std::io;
@@ -123,6 +124,15 @@ pub enum ConnectError {
     Protocol(String),
     /// A login message could not be encoded (a NUL in a name...).
     Encode(io::Error),
+    /// Of several hosts (or one with a target) none could be used: each
+    /// one's `host:port: why`, in the order tried, then those skipped
+    /// (in back-off).
+    NoHost {
+        target: TargetSessionAttrs,
+        /// Some host was reached but did not fit the target.
+        unfit: bool,
+        tried: Vec<String>,
+    },
 }
 
 impl ConnectError {
@@ -144,6 +154,22 @@ impl ConnectError {
             ConnectError::NoSaslMechanism => sqlstate::FEATURE_NOT_SUPPORTED,
             ConnectError::Protocol(_) => sqlstate::PROTOCOL_VIOLATION,
             ConnectError::Encode(_) => sqlstate::INTERNAL_ERROR,
+            ConnectError::NoHost { .. } => sqlstate::UNABLE_TO_CONNECT,
+        }
+    }
+
+    /// Whether another server of the same database would answer the same:
+    /// a refused login (authentication, a database that does not exist),
+    /// a secret usher lacks. Such an error ends the search for a host.
+    pub fn is_final(&self) -> bool {
+        match self {
+            ConnectError::Refused(e) => {
+                e.code.starts_with("28") || e.code == sqlstate::INVALID_CATALOG_NAME
+            }
+            ConnectError::NoSecret { .. }
+            | ConnectError::ScramPassThrough { .. }
+            | ConnectError::Encode(_) => true,
+            _ => false,
         }
     }
 }
@@ -190,6 +216,13 @@ impl fmt::Display for ConnectError {
             }
             ConnectError::Protocol(what) => write!(f, "server login: {what}"),
             ConnectError::Encode(e) => e.fmt(f),
+            // The hosts tried and why go into the client's DETAIL.
+            ConnectError::NoHost { target, unfit, .. } => match (target, unfit) {
+                (TargetSessionAttrs::Any, _) | (_, false) => {
+                    f.write_str("could not connect to any host")
+                }
+                (t, true) => write!(f, "no host fits target_session_attrs={t}"),
+            },
         }
     }
 }

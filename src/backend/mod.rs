@@ -6,6 +6,8 @@
 //!
 //! - [`stream`]: TCP or TLS to the server (`databases.<name>.tls`).
 //! - [`credential`]: what usher logs in with (password, md5, SCRAM keys).
+//! - [`hosts`]: which of a database's hosts to try, in what order, and
+//!   the back-off of those that failed.
 //! - [`error`]: [`ConnectError`] (connect and login), [`QueryError`]
 //!   (usher's own statements); no client-facing text.
 
@@ -13,6 +15,7 @@ mod connect;
 pub(crate) mod credential;
 pub mod error;
 mod held_state;
+pub mod hosts;
 pub(crate) mod server_stream;
 mod session_settings;
 
@@ -20,6 +23,7 @@ pub use connect::{connect, ServerTarget};
 pub use credential::{ServerCredential, SharedCredential};
 pub use error::{ConnectError, QueryError, ServerError, TlsStep, WireError};
 pub use held_state::HeldState;
+pub use hosts::{HostHealth, ServerHosts};
 pub use server_stream::ServerStream;
 
 use crate::protocol::tags::field;

@@ -37,7 +37,7 @@ pub async fn open(host: &str, port: u16, tls: &ServerTls) -> Result<ServerStream
                 source,
             })?;
     let _ = tcp.set_nodelay(true);
-    let Some((config, name)) = tls.client_config() else {
+    let Some((config, name)) = tls.client_config(host) else {
         return Ok(ServerStream::Plain(tcp));
     };
     let mut request = Vec::with_capacity(8);

@@ -7,6 +7,7 @@
 
 pub mod builtins;
 pub mod security;
+mod servers;
 pub mod settings;
 
 pub use builtins::{
@@ -14,6 +15,7 @@ pub use builtins::{
     MaintenanceConfig,
 };
 pub use security::{HbaMethod, HbaRuleConfig, HbaType, ServerTlsMode, TlsConfig, TlsMode};
+pub use servers::{HostSpec, TargetSessionAttrs};
 
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -358,10 +360,22 @@ impl AuthConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DatabaseConfig {
-    #[serde(default = "defaults::host")]
-    pub host: String,
+    /// One server; `None` when `hosts` is given (or for the default host).
+    /// Read it through [`DatabaseConfig::server_hosts`].
+    pub host: Option<String>,
+    /// The port of `host`, and of each entry of `hosts` without its own.
     #[serde(default = "defaults::port")]
     pub port: u16,
+    /// Several servers (`host` or `host:port` each), tried as `target`
+    /// and `load_balance` say (backend/hosts.rs).
+    pub hosts: Option<Vec<HostSpec>>,
+    /// Which server fits: libpq's target_session_attrs.
+    #[serde(default = "defaults::target")]
+    pub target: TargetSessionAttrs,
+    /// Start at a rotating host instead of the first
+    /// (libpq's load_balance_hosts).
+    #[serde(default = "defaults::load_balance")]
+    pub load_balance: bool,
     /// Name on the server; defaults to the key.
     pub dbname: Option<String>,
     /// TLS to the server: disable | prefer | require | verify-full.
@@ -437,6 +451,12 @@ pub enum LogFormat {
 
 /// Serde's defaults, read from the settings table.
 mod defaults {
+    /// `databases.<name>.host`'s default, as the table writes it (a plain
+    /// host name needs no YAML unquoting).
+    pub fn host_str() -> &'static str {
+        super::settings::default_text("databases.<name>.host")
+    }
+
     settings::defaults_from_table! {
         listen: std::net::SocketAddr = "listen";
         max_client_conn: usize = "max_client_conn";
@@ -467,8 +487,9 @@ mod defaults {
         tls_mode: super::TlsMode = "tls.mode";
         auth_method: super::AuthMethod = "auth.method";
         auth_cache_ttl: f64 = "auth.cache_ttl";
-        host: String = "databases.<name>.host";
         port: u16 = "databases.<name>.port";
+        target: super::TargetSessionAttrs = "databases.<name>.target";
+        load_balance: bool = "databases.<name>.load_balance";
         server_tls: super::ServerTlsMode = "databases.<name>.tls";
         admin_users: Vec<String> = "admin.users";
         admin_stats_users: Vec<String> = "admin.stats_users";
@@ -723,6 +744,7 @@ impl Config {
                     ));
                 }
             }
+            servers::check(db).map_err(|e| e.under(&format!("databases.{name}")))?;
             if is_admin_database(name) {
                 return Err(err(
                     &format!("databases.{name}"),
@@ -925,9 +947,12 @@ impl Config {
         let q = self.hooks.query.as_ref()?;
         let db = self.listed_database(&q.database)?;
         let mut c = tokio_postgres::Config::new();
-        c.host(&db.host)
-            .port(db.port)
-            .dbname(db.server_dbname(&q.database))
+        // tokio-postgres tries the hosts in order; a hook's questions
+        // (role membership) read, which any server can answer.
+        for (host, port) in db.server_hosts() {
+            c.host(&host).port(port);
+        }
+        c.dbname(db.server_dbname(&q.database))
             .user(&q.user)
             .application_name("usher hooks")
             .connect_timeout(Duration::from_secs_f64(self.server_connect_timeout));

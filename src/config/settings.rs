@@ -116,9 +116,13 @@ pub const SETTINGS: &[SettingSpec] = &[
     s("auth.cache_ttl", Value("10"), NewClients, HIDE),
     s("auth.hba", Text("none"), NewClients, HIDE),
     s("auth.hba_file", Text("none"), NewClients, HIDE),
-    // A database whose host, port, dbname or tls changes reconnects.
+    // A database whose servers (host, port, hosts, target, load_balance),
+    // dbname or tls change reconnects.
     s("databases.<name>.host", Value("127.0.0.1"), Live, HIDE),
     s("databases.<name>.port", Value("5432"), Live, HIDE),
+    s("databases.<name>.hosts", Text("none"), Live, HIDE),
+    s("databases.<name>.target", Value("any"), Live, HIDE),
+    s("databases.<name>.load_balance", Value("false"), Live, HIDE),
     s("databases.<name>.dbname", Text("the key"), Live, HIDE),
     s("databases.<name>.tls", Value("prefer"), Live, HIDE),
     s("databases.<name>.tls_ca", Text("none"), Live, HIDE),

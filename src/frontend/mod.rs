@@ -87,6 +87,9 @@ impl From<crate::backend::ConnectError> for PgError {
                     .with_detail(format!("usher has {has}"))
                     .with_hint(hint)
             }
+            crate::backend::ConnectError::NoHost { ref tried, .. } => {
+                PgError::fatal(e.sqlstate(), e.to_string()).with_detail(tried.join("; "))
+            }
             e => PgError::fatal(e.sqlstate(), e.to_string()),
         }
     }
@@ -300,5 +303,38 @@ mod tests {
                 .with_detail("d")
                 .with_hint("h")
         );
+    }
+
+    /// Of several hosts none usable: 08001, naming the target when one was
+    /// reached but did not fit, with each host and why in the DETAIL.
+    #[test]
+    fn no_usable_host_is_08001_with_each_host_in_the_detail() {
+        use crate::config::TargetSessionAttrs::{Any, ReadWrite};
+        let tried = || {
+            vec![
+                "a:1: session is read-only".to_string(),
+                "b:2: refused".into(),
+            ]
+        };
+        for (target, unfit, message) in [
+            (
+                ReadWrite,
+                true,
+                "no host fits target_session_attrs=read-write",
+            ),
+            (ReadWrite, false, "could not connect to any host"),
+            (Any, false, "could not connect to any host"),
+        ] {
+            let e = PgError::from(CheckoutError::Connect(ConnectError::NoHost {
+                target,
+                unfit,
+                tried: tried(),
+            }));
+            assert_eq!(
+                e,
+                PgError::fatal("08001", message)
+                    .with_detail("a:1: session is read-only; b:2: refused")
+            );
+        }
     }
 }

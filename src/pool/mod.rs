@@ -221,6 +221,13 @@ impl Pool {
         self.slots.settings().mode
     }
 
+    /// The server of this pool's last new connection that fit its target
+    /// (with several hosts), and when it was made.
+    pub fn server_in_use(&self) -> Option<((String, u16), Instant)> {
+        let target = self.target.load();
+        target.hosts.in_use().map(|(h, at)| (h.clone(), at))
+    }
+
     /// Offers the credential a client's login yielded to the server target.
     pub fn offer_credential(&self, credential: backend::ServerCredential) {
         self.target.load().credential.offer(credential);
@@ -396,6 +403,9 @@ impl Pool {
             );
             return None;
         }
+        if !self.still_fits(&conn) {
+            return None;
+        }
         if self.slots.needs_check(&conn, Instant::now()) {
             let timeout = self.slots.settings().server_connect_timeout;
             let check = tokio::time::timeout(timeout, conn.simple_query("")).await;
@@ -407,8 +417,37 @@ impl Pool {
                 );
                 return None;
             }
+            // The round trip may have brought news (in_hot_standby after
+            // a promotion).
+            if !self.still_fits(&conn) {
+                return None;
+            }
         }
         Some(conn)
+    }
+
+    /// Whether an idle connection still fits its database's target, as
+    /// far as the parameters its server last reported tell (a standby that
+    /// was promoted reports `in_hot_standby` off at its next statement). A
+    /// server that restarted as a standby closed its connections, which
+    /// [`ServerConn::looks_alive`] sees. With `target: any`, one comparison.
+    fn still_fits(&self, conn: &ServerConn) -> bool {
+        let target = self.target.load().hosts.target();
+        if target == crate::config::TargetSessionAttrs::Any {
+            return true;
+        }
+        match backend::hosts::reported_read_only(conn.params()) {
+            Some(ro) if !target.fits(ro) => {
+                tracing::info!(
+                    server = conn.id(),
+                    pid = conn.backend_pid(),
+                    %target,
+                    "idle server connection no longer fits the target; dropping it"
+                );
+                false
+            }
+            _ => true,
+        }
     }
 
     /// Returns a clean server connection (idle, not in a transaction) to the
@@ -519,8 +558,7 @@ mod tests {
         };
         // Nothing listens there, and nothing may connect: the pool is paused.
         let target = ServerTarget {
-            host: "127.0.0.1".into(),
-            port: 1,
+            hosts: Arc::new(backend::ServerHosts::single("127.0.0.1".into(), 1)),
             dbname: "app".into(),
             user: "alice".into(),
             tls: ServerTls::disabled(),

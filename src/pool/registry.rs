@@ -12,7 +12,7 @@
 //! so a login either gets the pool before it goes or creates a new one.
 
 use super::Pool;
-use crate::backend::{ServerCredential, ServerTarget, SharedCredential};
+use crate::backend::{HostHealth, ServerCredential, ServerHosts, ServerTarget, SharedCredential};
 use crate::config::{Config, FALLBACK_DATABASE};
 use crate::tls::ServerTls;
 use dashmap::DashMap;
@@ -31,6 +31,9 @@ pub struct Pools {
     map: Arc<PoolMap>,
     /// What is paused, so pools created later start paused too.
     paused: Mutex<Paused>,
+    /// Which servers failed lately, or were read-only: shared by every
+    /// pool's host choice (backend/hosts.rs).
+    health: Arc<HostHealth>,
 }
 
 /// PAUSE without a database pauses all; PAUSE db adds one.
@@ -71,7 +74,7 @@ impl Pools {
             p.offer_credential(credential);
             return Some(p.clone());
         }
-        let target = target_for(config, database, user, tls, credential)?;
+        let target = target_for(config, database, user, tls, credential, &self.health)?;
         let settings = config.limits_for(database, user);
         let pool = self
             .map
@@ -122,7 +125,8 @@ impl Pools {
     }
 
     /// Hands every pool its settings from a reloaded configuration. Pools
-    /// whose server address (host, port, dbname or TLS) changed reconnect.
+    /// whose servers (host, port, hosts, target, load_balance), dbname or
+    /// TLS changed reconnect.
     /// An auto database's pool takes the fallback entry's settings (or,
     /// when the reload lists the database, its own entry's, and it stays);
     /// a listed database that is now reached through the fallback entry
@@ -138,13 +142,12 @@ impl Pools {
             else {
                 continue;
             };
-            let moved = before.host != after.host
-                || before.port != after.port
+            let moved = !before.same_servers(after)
                 || before.server_dbname(db) != after.server_dbname(db)
                 || before.tls != after.tls
                 || before.tls_ca != after.tls_ca;
             let target = moved
-                .then(|| target_for(new, db, user, tls, ServerCredential::None))
+                .then(|| target_for(new, db, user, tls, ServerCredential::None, &self.health))
                 .flatten();
             pool.apply(new.limits_for(db, user), target);
         }
@@ -202,11 +205,16 @@ fn target_for(
     user: &str,
     tls: &ServerTls,
     credential: ServerCredential,
+    health: &Arc<HostHealth>,
 ) -> Option<ServerTarget> {
     let db = config.database_for(database)?;
     Some(ServerTarget {
-        host: db.host.clone(),
-        port: db.port,
+        hosts: Arc::new(ServerHosts::new(
+            db.server_hosts(),
+            db.target,
+            db.load_balance,
+            health.clone(),
+        )),
         dbname: db.server_dbname(database).to_string(),
         user: user.to_string(),
         tls: tls.clone(),

@@ -15,6 +15,8 @@ pub mod sqlstate {
     pub const IDLE_IN_TRANSACTION_TIMEOUT: &str = "25P03";
     pub const ADMIN_SHUTDOWN: &str = "57P01";
     pub const CONNECTION_FAILURE: &str = "08006";
+    /// sqlclient_unable_to_establish_sqlconnection: libpq's, when no host works.
+    pub const UNABLE_TO_CONNECT: &str = "08001";
     pub const CANNOT_CONNECT_NOW: &str = "57P03";
     pub const FEATURE_NOT_SUPPORTED: &str = "0A000";
     pub const SYNTAX_ERROR: &str = "42601";

@@ -16,7 +16,6 @@ pub struct ServerTls {
     pub mode: ServerTlsMode,
     /// `None` for `disable`.
     config: Option<Arc<ClientConfig>>,
-    name: ServerName<'static>,
 }
 
 impl std::fmt::Debug for ServerTls {
@@ -33,13 +32,18 @@ impl ServerTls {
         ServerTls {
             mode: ServerTlsMode::Disable,
             config: None,
-            name: ServerName::try_from("localhost").expect("a valid name"),
         }
     }
 
     /// Builds the TLS settings of a database; errors name the key.
     pub fn from_config(db: &DatabaseConfig) -> Result<ServerTls, ConfigIssue> {
-        let parsed = ServerName::try_from(db.host.clone());
+        // verify-full checks each server's certificate against its own name.
+        let unnamed = db
+            .server_hosts()
+            .into_iter()
+            .map(|(host, _)| host)
+            .find(|host| ServerName::try_from(host.clone()).is_err());
+        let key = if db.hosts.is_some() { "hosts" } else { "host" };
         let config = match db.tls {
             ServerTlsMode::Disable => return Ok(ServerTls::disabled()),
             ServerTlsMode::Prefer | ServerTlsMode::Require => {
@@ -51,12 +55,11 @@ impl ServerTls {
                     .with_no_client_auth()
             }
             ServerTlsMode::VerifyFull => {
-                if parsed.is_err() {
+                if let Some(host) = unnamed {
                     return Err(ConfigIssue::new(
-                        "host",
+                        key,
                         format!(
-                            "verify-full needs a host name or IP address to check the certificate against, got `{}`",
-                            db.host
+                            "verify-full needs a host name or IP address to check the certificate against, got `{host}`"
                         ),
                     ));
                 }
@@ -75,14 +78,16 @@ impl ServerTls {
         Ok(ServerTls {
             mode: db.tls,
             config: Some(Arc::new(config)),
-            // Without verification the name only goes into SNI.
-            name: parsed.unwrap_or_else(|_| ServerName::try_from("localhost").expect("valid")),
         })
     }
 
-    /// The rustls configuration and server name, unless TLS is off.
-    pub fn client_config(&self) -> Option<(Arc<ClientConfig>, ServerName<'static>)> {
-        self.config.clone().map(|c| (c, self.name.clone()))
+    /// The rustls configuration and the name to check `host`'s certificate
+    /// against, unless TLS is off. Without verification the name only goes
+    /// into SNI (`localhost` when `host` is no valid name).
+    pub fn client_config(&self, host: &str) -> Option<(Arc<ClientConfig>, ServerName<'static>)> {
+        let name = ServerName::try_from(host.to_string())
+            .unwrap_or_else(|_| ServerName::try_from("localhost").expect("valid"));
+        self.config.clone().map(|c| (c, name))
     }
 }
 

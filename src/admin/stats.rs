@@ -429,6 +429,35 @@ fn shown_value(c: &Config, hooks_enabled: bool, key: &str) -> Option<String> {
     })
 }
 
+/// SHOW PEERS: PgBouncer's columns (pool_size: cancels forwarded to the
+/// peer at once), then the cancels on their way there now.
+pub fn show_peers(deps: &SessionDeps) -> Reply {
+    let rows = deps
+        .peers
+        .all()
+        .iter()
+        .map(|p| {
+            vec![
+                Some(p.config.id.to_string()),
+                Some(p.config.host.clone()),
+                Some(p.config.port.to_string()),
+                Some(p.config.pool_size.to_string()),
+                Some(p.pending().to_string()),
+            ]
+        })
+        .collect();
+    Reply::rows(
+        &[
+            "peer_id",
+            "host",
+            "port",
+            "pool_size",
+            "pending_cancel_requests",
+        ],
+        rows,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::{config_rows, shown_value};

@@ -399,6 +399,8 @@ fn shown_value(c: &Config, hooks_enabled: bool, key: &str) -> Option<String> {
         "max_auth_clients" => c.max_auth_clients.to_string(),
         "max_auth_clients_per_address" => c.max_auth_clients_per_address.to_string(),
         "workers" => c.workers.to_string(),
+        "so_reuseport" => c.so_reuseport.to_string(),
+        "peer_id" => c.peer_id.to_string(),
         "pool_mode" => c.pool_mode.to_string(),
         "pool_size" => c.pool_size.to_string(),
         "min_pool_size" => c.min_pool_size.to_string(),

@@ -30,9 +30,6 @@ if [ -z "$old" ] || [ -z "$config" ] || [ -z "$port" ]; then
   echo "usage: $0 --pid OLD_PID --config FILE --port PORT [--bin USHER] [--log FILE] [--timeout S]" >&2
   exit 2
 fi
-alive "$old" || { echo "no process $old" >&2; exit 1; }
-grep -Eq '^so_reuseport:[[:space:]]*true' "$config" ||
-  { echo "$config does not say so_reuseport: true: the new usher could not bind" >&2; exit 1; }
 
 # alive PID: running (a zombie, exited but not yet waited for by its
 # parent, is not).
@@ -52,6 +49,10 @@ listens() {
   done
   return 1
 }
+
+alive "$old" || { echo "no process $old" >&2; exit 1; }
+grep -Eq '^so_reuseport:[[:space:]]*true' "$config" ||
+  { echo "$config does not say so_reuseport: true: the new usher could not bind" >&2; exit 1; }
 
 "$bin" --config "$config" </dev/null >/dev/null 2>>"$log" &
 new=$!

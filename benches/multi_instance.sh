@@ -123,7 +123,7 @@ restart_during() {
   failed=$(awk '/number of failed transactions/ { print $5 }' <<<"$out")
   tps=$(awk '/^tps = / { printf "%.0f", $3 }' <<<"$out")
   aborted=$(grep -c 'client .* aborted\|error:' <<<"$out" || true)
-  printf '| %-30s | %8s | %6s | %6s | %7s | %9s s |\n' "$label" "${txns:-0}" "${failed:-?}" "$aborted" "${tps:-0}" "$(cat "$work/b.restart_s" 2>/dev/null || echo ?)"
+  printf '| %-30s | %12s | %6s | %7s | %7s | %9s s |\n' "$label" "${txns:-0}" "${failed:-?}" "$aborted" "${tps:-0}" "$(cat "$work/b.restart_s" 2>/dev/null || echo ?)"
   if [ "$status" -ne 0 ] || [ "${failed:-1}" != 0 ] || [ "$aborted" != 0 ]; then
     echo "FAILED ($label, pgbench exit $status):" >&2; echo "$out" >&2; fails=$((fails + 1))
   fi
@@ -132,8 +132,8 @@ restart_during() {
 echo
 echo "1. pgbench -S through HAProxy, $CLIENTS clients, ${DURATION}s; instance b restarted in place at $((DURATION / 3))s"
 echo
-printf '| %-30s | %8s | %6s | %6s | %7s | %11s |\n' run transactions failed aborted tps "b's restart"
-printf '|%s|%s|%s|%s|%s|%s|\n' "$(printf -- '-%.0s' {1..32})" "----------" "--------" "--------" "---------" "-------------"
+printf '| %-30s | %12s | %6s | %7s | %7s | %11s |\n' run transactions failed aborted tps "b's restart"
+printf '|%s|%s|%s|%s|%s|%s|\n' "$(printf -- "-%.0s" {1..32})" "--------------" "--------" "---------" "---------" "-------------"
 restart_during "a connection per transaction" -C
 restart_during "long-lived connections"
 

@@ -488,6 +488,8 @@ mod tests {
                 "metrics.request_timeout",
                 "max_auth_clients",
                 "workers",
+                "so_reuseport",
+                "peer_id",
                 "hooks.query",
                 "hooks.roles_refresh_s",
                 "hooks.shared_max_keys",

@@ -492,6 +492,8 @@ mod tests {
                 "max_auth_clients|1000|1000|no",
                 "max_auth_clients_per_address|100|100|yes",
                 "workers|0|0|no",
+                "so_reuseport|false|false|no",
+                "peer_id|0|0|no",
                 "pool_mode|transaction|transaction|yes",
                 "pool_size|20|20|yes",
                 "min_pool_size|0|0|yes",
@@ -522,7 +524,7 @@ mod tests {
         );
         let c = Config::from_yaml(
             "listen: 0.0.0.0:7000\nmax_client_conn: 5\nmax_auth_clients: 6\n\
-             max_auth_clients_per_address: 2\nworkers: 3\npool_mode: session\npool_size: 7\n\
+             max_auth_clients_per_address: 2\nworkers: 3\nso_reuseport: true\npeer_id: 4\npool_mode: session\npool_size: 7\n\
              min_pool_size: 1\nserver_reset_query: ''\nquery_wait_timeout: 1.5\n\
              server_connect_timeout: 2\nclient_idle_timeout: 3\nidle_transaction_timeout: 4\n\
              server_idle_timeout: 5\nserver_lifetime: 6\nserver_check_delay: 0\n\
@@ -546,6 +548,8 @@ mod tests {
                 "6",
                 "2",
                 "3",
+                "true",
+                "4",
                 "session",
                 "7",
                 "1",

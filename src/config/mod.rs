@@ -6,7 +6,7 @@
 //! TLS, credential sources and HBA rules live in [`security`].
 
 pub mod builtins;
-pub mod peers;
+pub mod peering;
 pub mod security;
 pub mod settings;
 
@@ -14,7 +14,7 @@ pub use builtins::{
     AuthMonitorConfig, BlockAction, BlockRuleConfig, BlockingConfig, LockoutConfig,
     MaintenanceConfig,
 };
-pub use peers::PeerConfig;
+pub use peering::PeerConfig;
 pub use security::{HbaMethod, HbaRuleConfig, HbaType, ServerTlsMode, TlsConfig, TlsMode};
 
 use serde::Deserialize;
@@ -656,7 +656,7 @@ impl Config {
             return Err(err("pool_size", "expected a number greater than 0"));
         }
         check_log_level(&self.log.level)?;
-        peers::validate(self.peer_id, &self.peers)?;
+        peering::validate(self.peer_id, &self.peers)?;
         for (key, v) in [
             ("query_wait_timeout", self.query_wait_timeout),
             ("server_connect_timeout", self.server_connect_timeout),

@@ -75,7 +75,7 @@ pub const SETTINGS: &[SettingSpec] = &[
         SHOW,
     ),
     s("workers", Value("0"), Restart, SHOW),
-    // Running several instances (config/peers.rs). The listening socket and
+    // Running several instances (config/peering.rs). The listening socket and
     // the cancel keys already given out depend on these two.
     s("so_reuseport", Value("false"), Restart, SHOW),
     s("peer_id", Value("0"), Restart, SHOW),

@@ -140,6 +140,7 @@ impl App {
         deps.pools
             .apply_config(&old.config, &new, &snapshot.server_tls);
         deps.builtins.blocking.replace_rules(blocking);
+        deps.peers.replace(&new.peers);
         deps.hooks
             .set_allow_on_error(new.hooks.on_error == OnError::Allow);
         if new.hooks.enabled != old.config.hooks.enabled {
@@ -199,6 +200,8 @@ fn hold(old: &Config, new: &mut Config, key: &str) -> Option<bool> {
         "metrics.request_timeout" => hold!(metrics.request_timeout),
         "max_auth_clients" => hold!(max_auth_clients),
         "workers" => hold!(workers),
+        "so_reuseport" => hold!(so_reuseport),
+        "peer_id" => hold!(peer_id),
         "hooks.query" => hold!(hooks.query),
         "hooks.roles_refresh_s" => hold!(hooks.roles_refresh_s),
         "hooks.shared_max_keys" => hold!(hooks.shared_max_keys),
@@ -360,7 +363,8 @@ impl Server {
 
     /// Binds `listen` for an app already built.
     pub async fn bind_app(app: Arc<App>) -> std::io::Result<Server> {
-        let listener = TcpListener::bind(app.config().listen).await?;
+        let config = app.config();
+        let listener = crate::listen::bind(config.listen, config.so_reuseport)?;
         Ok(Server { app, listener })
     }
 
@@ -400,7 +404,13 @@ impl Server {
                 _ = async { let _ = shutdown.wait_for(|s| *s).await; } => break,
             }
         }
-        drop(self.listener);
+        // Connections the kernel queued on this socket would be reset when
+        // it closes (with so_reuseport a new usher takes the new ones):
+        // take them first, then close at once.
+        let queued: Vec<_> = crate::listen::drain_backlog(self.listener)
+            .into_iter()
+            .map(|(stream, addr)| tokio::spawn(serve_client(app.clone(), stream, addr)))
+            .collect();
         let deadline = Duration::from_secs_f64(app.config().shutdown_timeout);
         tracing::info!(
             clients = app.deps.clients.connected(),
@@ -408,6 +418,10 @@ impl Server {
             "shutting down: waiting for clients"
         );
         let waited = tokio::time::timeout(deadline, async {
+            // Their logins first: until one starts it is not counted.
+            for login in queued {
+                let _ = login.await;
+            }
             while app.deps.clients.connected() > 0 {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
@@ -474,6 +488,8 @@ mod tests {
                 "metrics.request_timeout",
                 "max_auth_clients",
                 "workers",
+                "so_reuseport",
+                "peer_id",
                 "hooks.query",
                 "hooks.roles_refresh_s",
                 "hooks.shared_max_keys",

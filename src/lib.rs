@@ -11,6 +11,7 @@ pub mod backend;
 pub mod config;
 pub mod frontend;
 pub mod hooks;
+pub(crate) mod listen;
 pub mod logging;
 pub mod metrics;
 pub(crate) mod pool;

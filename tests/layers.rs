@@ -11,6 +11,7 @@ const LAYERS: &[&str] = &[
     "protocol", // the wire format, no runtime state
     "config",   // the configuration and its table of settings
     "accept",   // accepting sockets with back-off
+    "listen",   // the clients' listening socket (SO_REUSEPORT, the backlog at close)
     "logging", "tls", "metrics", "backend", // server connections
     "auth",    // client authentication (its auth query uses backend)
     "pool", "hooks", "frontend", // client sessions

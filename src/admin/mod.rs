@@ -325,7 +325,7 @@ impl Console {
                     "SHOW HELP|VERSION|STATE|POOLS|CLIENTS|SERVERS|HOOKS",
                     "SHOW STATS|STATS_TOTALS|STATS_AVERAGES|DATABASES|USERS|LISTS|CONFIG",
                     "SHOW AUTH_MON|AUTH_MON_UNKNOWN|AUTH_MON_ADDRS",
-                    "SHOW BLOCKING",
+                    "SHOW BLOCKING|PEERS",
                     "PAUSE [<db>]",
                     "RESUME [<db>]",
                     "RECONNECT [<db>]",
@@ -373,6 +373,7 @@ impl Console {
             "AUTH_MON_UNKNOWN" => Ok(self.auth_monitor()?.show_unknown().into()),
             "AUTH_MON_ADDRS" => Ok(self.auth_monitor()?.show_addresses().into()),
             "BLOCKING" => Ok(self.deps.builtins.blocking.show().into()),
+            "PEERS" => Ok(stats::show_peers(&self.deps)),
             other => Err(PgError::error(
                 sqlstate::SYNTAX_ERROR,
                 format!("unknown SHOW item: {}", shown(other, 64)),

@@ -433,6 +433,8 @@ fn shown_value(c: &Config, hooks_enabled: bool, key: &str) -> Option<String> {
         "max_auth_clients" => c.max_auth_clients.to_string(),
         "max_auth_clients_per_address" => c.max_auth_clients_per_address.to_string(),
         "workers" => c.workers.to_string(),
+        "so_reuseport" => c.so_reuseport.to_string(),
+        "peer_id" => c.peer_id.to_string(),
         "pool_mode" => c.pool_mode.to_string(),
         "pool_size" => c.pool_size.to_string(),
         "min_pool_size" => c.min_pool_size.to_string(),
@@ -461,6 +463,35 @@ fn shown_value(c: &Config, hooks_enabled: bool, key: &str) -> Option<String> {
         "log.disconnections" => c.log.disconnections.to_string(),
         _ => return None,
     })
+}
+
+/// SHOW PEERS: PgBouncer's columns (pool_size: cancels forwarded to the
+/// peer at once), then the cancels on their way there now.
+pub fn show_peers(deps: &SessionDeps) -> Reply {
+    let rows = deps
+        .peers
+        .all()
+        .iter()
+        .map(|p| {
+            vec![
+                Some(p.config.id.to_string()),
+                Some(p.config.host.clone()),
+                Some(p.config.port.to_string()),
+                Some(p.config.pool_size.to_string()),
+                Some(p.pending().to_string()),
+            ]
+        })
+        .collect();
+    Reply::rows(
+        &[
+            "peer_id",
+            "host",
+            "port",
+            "pool_size",
+            "pending_cancel_requests",
+        ],
+        rows,
+    )
 }
 
 #[cfg(test)]
@@ -495,6 +526,8 @@ mod tests {
                 "max_auth_clients|1000|1000|no",
                 "max_auth_clients_per_address|100|100|yes",
                 "workers|0|0|no",
+                "so_reuseport|false|false|no",
+                "peer_id|0|0|no",
                 "pool_mode|transaction|transaction|yes",
                 "pool_size|20|20|yes",
                 "min_pool_size|0|0|yes",
@@ -525,7 +558,7 @@ mod tests {
         );
         let c = Config::from_yaml(
             "listen: 0.0.0.0:7000\nmax_client_conn: 5\nmax_auth_clients: 6\n\
-             max_auth_clients_per_address: 2\nworkers: 3\npool_mode: session\npool_size: 7\n\
+             max_auth_clients_per_address: 2\nworkers: 3\nso_reuseport: true\npeer_id: 4\npool_mode: session\npool_size: 7\n\
              min_pool_size: 1\nserver_reset_query: ''\nquery_wait_timeout: 1.5\n\
              server_connect_timeout: 2\nclient_idle_timeout: 3\nidle_transaction_timeout: 4\n\
              server_idle_timeout: 5\nserver_lifetime: 6\nserver_check_delay: 0\n\
@@ -549,6 +582,8 @@ mod tests {
                 "6",
                 "2",
                 "3",
+                "true",
+                "4",
                 "session",
                 "7",
                 "1",

@@ -6,6 +6,7 @@
 //! TLS, credential sources and HBA rules live in [`security`].
 
 pub mod builtins;
+pub mod peering;
 pub mod security;
 mod servers;
 pub mod settings;
@@ -14,6 +15,7 @@ pub use builtins::{
     AuthMonitorConfig, BlockAction, BlockRuleConfig, BlockingConfig, LockoutConfig,
     MaintenanceConfig,
 };
+pub use peering::PeerConfig;
 pub use security::{HbaMethod, HbaRuleConfig, HbaType, ServerTlsMode, TlsConfig, TlsMode};
 pub use servers::{HostSpec, TargetSessionAttrs};
 
@@ -179,6 +181,16 @@ pub struct Config {
     /// Threads that serve clients (tokio worker threads); 0: one per CPU.
     #[serde(default = "defaults::workers")]
     pub workers: usize,
+    /// SO_REUSEPORT (and SO_REUSEADDR) on the listening socket: another
+    /// usher may bind the same address (a rolling restart).
+    #[serde(default = "defaults::so_reuseport")]
+    pub so_reuseport: bool,
+    /// This instance's id among its peers (1..=16383); 0: peering off.
+    #[serde(default = "defaults::peer_id")]
+    pub peer_id: u16,
+    /// The other instances a cancel request may belong to.
+    #[serde(default)]
+    pub peers: Vec<PeerConfig>,
     /// Seconds running transactions get to finish on SIGTERM/SIGINT.
     #[serde(default = "defaults::shutdown_timeout")]
     pub shutdown_timeout: f64,
@@ -459,6 +471,8 @@ mod defaults {
 
     settings::defaults_from_table! {
         listen: std::net::SocketAddr = "listen";
+        so_reuseport: bool = "so_reuseport";
+        peer_id: u16 = "peer_id";
         max_client_conn: usize = "max_client_conn";
         pool_mode: super::PoolMode = "pool_mode";
         pool_size: usize = "pool_size";
@@ -663,6 +677,7 @@ impl Config {
             return Err(err("pool_size", "expected a number greater than 0"));
         }
         check_log_level(&self.log.level)?;
+        peering::validate(self.peer_id, &self.peers)?;
         for (key, v) in [
             ("query_wait_timeout", self.query_wait_timeout),
             ("server_connect_timeout", self.server_connect_timeout),

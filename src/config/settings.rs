@@ -75,6 +75,16 @@ pub const SETTINGS: &[SettingSpec] = &[
         SHOW,
     ),
     s("workers", Value("0"), Restart, SHOW),
+    // Running several instances (config/peering.rs). The listening socket and
+    // the cancel keys already given out depend on these two.
+    s("so_reuseport", Value("false"), Restart, SHOW),
+    s("peer_id", Value("0"), Restart, SHOW),
+    // Cancels forwarded after the reload use the new list.
+    s("peers", Text("none"), Live, HIDE),
+    s("peers.id", Text("none"), Live, HIDE),
+    s("peers.host", Text("none"), Live, HIDE),
+    s("peers.port", Value("6432"), Live, HIDE),
+    s("peers.pool_size", Value("8"), Live, HIDE),
     s("pool_mode", Value("transaction"), NewClients, SHOW),
     s("pool_size", Value("20"), Live, SHOW),
     s("min_pool_size", Value("0"), Live, SHOW),

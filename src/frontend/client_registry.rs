@@ -6,6 +6,7 @@
 //! relaxed atomics and a per-client mutex, never a lock shared by clients.
 
 use crate::backend::ServerSummary;
+use crate::protocol::cancel_key;
 use atomic_waker::AtomicWaker;
 use dashmap::DashMap;
 use parking_lot::Mutex;
@@ -195,6 +196,9 @@ pub struct ClientRegistry {
     by_pid: DashMap<u32, Listed>,
     count: AtomicUsize,
     next_id: AtomicU64,
+    /// `peer_id` (restart-only): put in every secret given out
+    /// (protocol::cancel_key); 0: the secret is all random.
+    peer_id: u16,
 }
 
 /// Removes the client from the registry when its task ends.
@@ -275,6 +279,19 @@ impl Drop for Connected {
 }
 
 impl ClientRegistry {
+    /// A registry whose keys carry `peer_id` (0: peering off).
+    pub fn with_peer_id(peer_id: u16) -> ClientRegistry {
+        ClientRegistry {
+            peer_id,
+            ..ClientRegistry::default()
+        }
+    }
+
+    /// The peer id in the keys this registry gives.
+    pub fn peer_id(&self) -> u16 {
+        self.peer_id
+    }
+
     /// Counts a new connection; returns the guard and the count including it.
     pub fn connect(self: &Arc<Self>) -> (Connected, usize) {
         let n = self.count.fetch_add(1, Ordering::Relaxed) + 1;
@@ -296,7 +313,7 @@ impl ClientRegistry {
                 let handle = Arc::new(ClientHandle {
                     id,
                     pid: AtomicU32::new(pid),
-                    secret: rng.gen(),
+                    secret: cancel_key::new_secret(rng.gen(), self.peer_id),
                     facts,
                     connect_time: SystemTime::now(),
                     state: AtomicU8::new(ClientState::Idle as u8),
@@ -440,6 +457,16 @@ mod tests {
         assert_eq!(registry.all().len(), 1);
         drop(b);
         assert!(registry.by_pid.is_empty());
+    }
+
+    #[test]
+    fn secrets_carry_the_peer_id_when_peering_is_on() {
+        let registry = Arc::new(ClientRegistry::with_peer_id(42));
+        for _ in 0..20 {
+            let r = registry.register(facts());
+            let key = cancel_key::decode(r.handle.secret);
+            assert_eq!((key.peer_id, key.forwardable), (42, true));
+        }
     }
 
     #[test]

@@ -7,6 +7,7 @@
 use super::budget::BufferBudget;
 use super::client_registry::ClientRegistry;
 use super::login_slots::LoginSlots;
+use super::peers::Peers;
 use super::prepared::StatementRegistry;
 use crate::auth::hba::Hba;
 use crate::auth::{AuthAttempt, Credentials};
@@ -66,6 +67,8 @@ pub struct SessionDeps {
     pub started: Instant,
     pub pools: Pools,
     pub clients: Arc<ClientRegistry>,
+    /// The other instances cancel requests are forwarded to (`peers`).
+    pub peers: Peers,
     /// Server-side names of prepared statements, shared by all clients.
     pub statements: StatementRegistry,
     /// Salts the fake SCRAM exchange for unknown users.
@@ -92,12 +95,16 @@ impl SessionDeps {
     pub fn new(snapshot: ConfigSnapshot, hooks: Dispatcher, builtins: Builtins) -> SessionDeps {
         let mut mock_key = [0u8; 32];
         rand::thread_rng().fill_bytes(&mut mock_key);
+        let config = &snapshot.config;
+        let clients = Arc::new(ClientRegistry::with_peer_id(config.peer_id));
+        let peers = Peers::new(config.peer_id, &config.peers);
         SessionDeps {
             login_slots: LoginSlots::new(snapshot.config.max_auth_clients),
             snapshot: ArcSwap::from_pointee(snapshot),
             started: Instant::now(),
             pools: Pools::new(),
-            clients: Arc::new(ClientRegistry::default()),
+            clients,
+            peers,
             statements: StatementRegistry::default(),
             mock_key,
             buffers: BufferBudget::default(),

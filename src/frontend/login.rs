@@ -699,11 +699,8 @@ async fn startup(
             Some(StartupPacket::Cancel { pid, secret }) => {
                 // Allowed in plaintext even when TLS is required: libpq
                 // before PostgreSQL 17 always sends cancels unencrypted.
-                if let Some(target) = deps.clients.cancel_target(pid, secret) {
-                    if let Err(e) = target.cancel.send().await {
-                        tracing::warn!(error = %e, "could not forward cancel request");
-                    }
-                }
+                // Another instance's key is forwarded to it (peers.rs).
+                super::peers::cancel(&deps.peers, &deps.clients, pid, secret).await;
                 return Ok(None);
             }
             Some(StartupPacket::Other(code)) => {

@@ -5,6 +5,7 @@
 //!   pool and forwards bytes both ways.
 //! - [`params`]: the session's parameters, carried to every server connection.
 //! - [`registry`]: connected clients by BackendKeyData, for cancel requests.
+//! - [`peers`]: cancel requests whose key another usher gave: forwarded once.
 //! - [`slots`]: login slots, in all and per address.
 //! - [`stream`]: the client's connection, plain or TLS.
 //! - [`flow`]: the forwarding decisions, without I/O (unit-tested).
@@ -22,6 +23,7 @@ pub(crate) mod flow;
 pub(crate) mod login;
 pub(crate) mod login_slots;
 pub(crate) mod params;
+pub mod peers;
 pub mod prepared;
 pub(crate) mod session;
 mod spare_buffers;

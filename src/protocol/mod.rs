@@ -9,7 +9,9 @@
 //! - [`scram`]: the server side of SCRAM-SHA-256.
 //! - [`scram_client`]: the client side from keys (SCRAM pass-through).
 //! - [`tags`]: the protocol's one-byte codes, named.
+//! - [`cancel_key`]: where the peer id sits in the secret of a cancel key.
 
+pub mod cancel_key;
 pub mod error;
 pub mod frames;
 pub mod messages;

@@ -498,7 +498,15 @@ impl Session {
                 // An idle client keeps no buffer, and nobody keeps a large
                 // one once the message that needed it is gone.
                 spare_buffers::give_back(&mut fwd.in_buf);
-                self.deps.buffers.recharge(&mut self.charged, 0, 0);
+            }
+            if self.charged > 0 {
+                // The charge follows the read buffer wherever it went: given
+                // back, or (a large message forwarded whole) swapped into
+                // the server queue. Reads charge growth; this only lowers.
+                let capacity = fwd.in_buf.capacity();
+                self.deps
+                    .buffers
+                    .recharge(&mut self.charged, capacity, usize::MAX);
             }
             if woke
                 && fwd.held.is_none()
@@ -1418,7 +1426,6 @@ fn queue_for_server(queue: &mut BytesMut, bytes: BytesMut) {
 fn move_to_server(queue: &mut BytesMut, from: &mut BytesMut, n: usize) {
     if queue.is_empty() && n == from.len() {
         std::mem::swap(queue, from);
-        from.clear();
     } else {
         if queue.capacity() == 0 {
             *queue = spare_buffers::take();

@@ -501,8 +501,10 @@ impl Session {
             }
             if self.charged > 0 {
                 // The charge follows the read buffer wherever it went: given
-                // back, or (a large message forwarded whole) swapped into
-                // the server queue. Reads charge growth; this only lowers.
+                // back, or swapped into the server queue (move_to_server).
+                // Reads charge growth; this only lowers. (Large held
+                // messages are rewritten, not swapped, today: this keeps the
+                // budget right if one is ever forwarded whole.)
                 let capacity = fwd.in_buf.capacity();
                 self.deps
                     .buffers

@@ -324,7 +324,7 @@ impl Console {
                 [
                     "SHOW HELP|VERSION|STATE|POOLS|CLIENTS|SERVERS|HOOKS",
                     "SHOW STATS|STATS_TOTALS|STATS_AVERAGES|DATABASES|USERS|LISTS|CONFIG",
-                    "SHOW AUTH_MON|AUTH_MON_UNKNOWN|AUTH_MON_ADDRS",
+                    "SHOW AUTH_MON|AUTH_MON_UNKNOWN|AUTH_MON_ADDRS|AUTH_STORE",
                     "SHOW BLOCKING|PEERS",
                     "PAUSE [<db>]",
                     "RESUME [<db>]",
@@ -372,6 +372,14 @@ impl Console {
             "AUTH_MON" => Ok(self.auth_monitor()?.show_roles().into()),
             "AUTH_MON_UNKNOWN" => Ok(self.auth_monitor()?.show_unknown().into()),
             "AUTH_MON_ADDRS" => Ok(self.auth_monitor()?.show_addresses().into()),
+            "AUTH_STORE" => match self.auth_monitor()?.store() {
+                Some(store) => Ok(store.show().into()),
+                None => Err(PgError::error(
+                    sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE,
+                    "the auth monitor has no shared store",
+                )
+                .with_hint("configure auth_monitor.store (README: Auth monitoring)")),
+            },
             "BLOCKING" => Ok(self.deps.builtins.blocking.show().into()),
             "PEERS" => Ok(stats::show_peers(&self.deps)),
             other => Err(PgError::error(

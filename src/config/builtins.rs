@@ -34,6 +34,42 @@ pub struct AuthMonitorConfig {
     pub max_addresses: usize,
     /// Off when absent.
     pub lockout: Option<LockoutConfig>,
+    /// A PostgreSQL database every instance records its attempts in, so
+    /// that the lockout and SHOW AUTH_MON are cluster-wide. Absent: each
+    /// instance counts alone.
+    pub store: Option<AuthStoreConfig>,
+}
+
+/// `auth_monitor.store`: where instances share their counts. Usher logs in
+/// as `user` (listed under `users` with a plaintext password, as for
+/// `hooks.query`) to the servers of `database` (a key of `databases`:
+/// its hosts, dbname and TLS).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthStoreConfig {
+    pub database: String,
+    pub user: String,
+    /// The schema of the store's tables (it must exist).
+    #[serde(default = "defaults::store_schema")]
+    pub schema: String,
+    /// `CREATE TABLE IF NOT EXISTS` at each connection; false: the tables
+    /// are made beforehand (sql/auth_monitor_store.sql).
+    #[serde(default = "defaults::store_create_tables")]
+    pub create_tables: bool,
+    /// Seconds between writes of the attempts counted since the last one.
+    #[serde(default = "defaults::store_flush_interval_s")]
+    pub flush_interval_s: f64,
+    /// Seconds between reads of the cluster-wide view (the lockout's
+    /// counts and locks, SHOW AUTH_MON's totals).
+    #[serde(default = "defaults::store_refresh_interval_s")]
+    pub refresh_interval_s: f64,
+    /// Seconds a connection, a flush or a refresh may take.
+    #[serde(default = "defaults::store_timeout_s")]
+    pub timeout_s: f64,
+    /// Distinct keys (roles, names, addresses, time slices) waiting to be
+    /// written; beyond it new ones are dropped (counted, logged).
+    #[serde(default = "defaults::store_max_pending")]
+    pub max_pending: usize,
 }
 
 /// `auth_monitor.lockout`: after `max_failures` wrong passwords (or unknown
@@ -214,7 +250,43 @@ pub(super) fn validate(m: &AuthMonitorConfig) -> Result<(), ConfigIssue> {
             ));
         }
     }
+    if let Some(s) = &m.store {
+        for (key, v) in [
+            ("flush_interval_s", s.flush_interval_s),
+            ("refresh_interval_s", s.refresh_interval_s),
+            ("timeout_s", s.timeout_s),
+        ] {
+            if !seconds(v) {
+                return Err(err(
+                    &format!("store.{key}"),
+                    "expected a positive number of seconds (at most a century)",
+                ));
+            }
+        }
+        if s.max_pending == 0 || s.max_pending > 10_000_000 {
+            return Err(err(
+                "store.max_pending",
+                "expected a number from 1 to 10000000",
+            ));
+        }
+        if !is_identifier(&s.schema) {
+            return Err(err(
+                "store.schema",
+                "expected a schema name: letters, digits, `_` or `$`, not starting with a digit, at most 63 bytes",
+            ));
+        }
+    }
     Ok(())
+}
+
+/// A name usher may put in its own SQL (quoted): an unquoted PostgreSQL
+/// identifier's characters, any case.
+fn is_identifier(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'$')
+        && !s.as_bytes()[0].is_ascii_digit()
+        && s.as_bytes()[0] != b'$'
 }
 
 mod defaults {
@@ -229,6 +301,12 @@ mod defaults {
         duration_s: f64 = "auth_monitor.lockout.duration_s";
         by_role: bool = "auth_monitor.lockout.by_role";
         by_address: bool = "auth_monitor.lockout.by_address";
+        store_schema: String = "auth_monitor.store.schema";
+        store_create_tables: bool = "auth_monitor.store.create_tables";
+        store_flush_interval_s: f64 = "auth_monitor.store.flush_interval_s";
+        store_refresh_interval_s: f64 = "auth_monitor.store.refresh_interval_s";
+        store_timeout_s: f64 = "auth_monitor.store.timeout_s";
+        store_max_pending: usize = "auth_monitor.store.max_pending";
     }
 }
 
@@ -267,6 +345,18 @@ mod tests {
             (
                 "auth_monitor: { lockout: { by_role: false, by_address: false } }\n",
                 "auth_monitor.lockout",
+            ),
+            (
+                "auth_monitor: { store: { database: app, user: u, schema: \"a;b\" } }\n",
+                "auth_monitor.store.schema",
+            ),
+            (
+                "auth_monitor: { store: { database: app, user: u, flush_interval_s: 0 } }\n",
+                "auth_monitor.store.flush_interval_s",
+            ),
+            (
+                "auth_monitor: { store: { database: app, user: u, colour: red } }\n",
+                "auth_monitor.store.colour",
             ),
             (
                 "blocking: { rules: [ { action: maybe } ] }\n",

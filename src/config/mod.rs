@@ -12,7 +12,7 @@ mod servers;
 pub mod settings;
 
 pub use builtins::{
-    AuthMonitorConfig, BlockAction, BlockRuleConfig, BlockingConfig, LockoutConfig,
+    AuthMonitorConfig, AuthStoreConfig, BlockAction, BlockRuleConfig, BlockingConfig, LockoutConfig,
     MaintenanceConfig,
 };
 pub use peering::PeerConfig;
@@ -821,14 +821,7 @@ impl Config {
                     ),
                 ));
             }
-            let plaintext = self
-                .users
-                .get(&q.user)
-                .and_then(|u| u.password.as_deref())
-                .is_some_and(|p| {
-                    !(p.starts_with("SCRAM-SHA-256$") || p.len() == 35 && p.starts_with("md5"))
-                });
-            if !plaintext {
+            if self.plaintext_password(&q.user).is_none() {
                 return Err(err(
                     "hooks.query.user",
                     &format!(
@@ -856,8 +849,40 @@ impl Config {
         }
         if let Some(m) = &self.auth_monitor {
             builtins::validate(m)?;
+            if let Some(store) = &m.store {
+                if self.listed_database(&store.database).is_none() {
+                    return Err(err(
+                        "auth_monitor.store.database",
+                        &format!(
+                            "expected a database listed under `databases`, got `{}`",
+                            store.database
+                        ),
+                    ));
+                }
+                if self.plaintext_password(&store.user).is_none() {
+                    return Err(err(
+                        "auth_monitor.store.user",
+                        &format!(
+                            "expected a user listed under `users` with a plaintext password, got `{}`",
+                            store.user
+                        ),
+                    ));
+                }
+            }
         }
         security::validate(self)
+    }
+
+    /// The plaintext password of a user listed under `users` (not an md5
+    /// hash or a SCRAM verifier): what usher's own tokio-postgres logins
+    /// (hooks.query, the auth monitor's store) present.
+    pub fn plaintext_password(&self, user: &str) -> Option<&str> {
+        self.users
+            .get(user)
+            .and_then(|u| u.password.as_deref())
+            .filter(|p| {
+                !(p.starts_with("SCRAM-SHA-256$") || p.len() == 35 && p.starts_with("md5"))
+            })
     }
 
     /// The entry of a database listed under `databases` (never the

@@ -243,6 +243,27 @@ pub const SETTINGS: &[SettingSpec] = &[
         Restart,
         HIDE,
     ),
+    // The shared store (hooks/builtin/auth_store.rs): part of the
+    // restart-only section, its intervals too (one task, started once).
+    s("auth_monitor.store", Text("none"), Restart, HIDE),
+    s("auth_monitor.store.database", Text("none"), Restart, HIDE),
+    s("auth_monitor.store.user", Text("none"), Restart, HIDE),
+    s("auth_monitor.store.schema", Value("public"), Restart, HIDE),
+    s("auth_monitor.store.create_tables", Value("true"), Restart, HIDE),
+    s(
+        "auth_monitor.store.flush_interval_s",
+        Value("1"),
+        Restart,
+        HIDE,
+    ),
+    s(
+        "auth_monitor.store.refresh_interval_s",
+        Value("1"),
+        Restart,
+        HIDE,
+    ),
+    s("auth_monitor.store.timeout_s", Value("5"), Restart, HIDE),
+    s("auth_monitor.store.max_pending", Value("10000"), Restart, HIDE),
     // Rules and maintenance mode are replaced as a whole.
     s("blocking", Text("none"), Live, HIDE),
 ];

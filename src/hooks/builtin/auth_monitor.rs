@@ -6,9 +6,11 @@
 //! forwarding path) and never across an await or a file write.
 
 use super::auth_monitor_state::{
-    clip, AddrRow, Attempt, Counters, Engaged, Kind, Limits, Locked, LockoutPolicy, Millis,
-    RoleKey, Saved, State, StateFileError,
+    clip, count, AddrRow, Attempt, Counters, Engaged, Kind, Limits, Locked, LockoutPolicy,
+    Millis, RoleKey, Saved, State, StateFileError,
 };
+use super::auth_store::AuthStore;
+use super::auth_store_state::{addr_key, merge_counters, role_key, Reset, RowKey};
 use super::{now_ms, timestamp, Table};
 use crate::auth::{AuthAttempt, AuthOutcome};
 use crate::config::AuthMonitorConfig;
@@ -45,6 +47,20 @@ pub struct AuthMonitor {
     /// (`<file>.corrupt`) rather than destroy what an operator may want
     /// to look at. Not at load: `usher check` must not move files.
     corrupt: AtomicBool,
+    /// `auth_monitor.store`: the counts shared with the other instances.
+    store: Option<Arc<AuthStore>>,
+}
+
+/// The lockout rule of `config`, in milliseconds.
+pub fn lockout_policy(config: &AuthMonitorConfig) -> Option<LockoutPolicy> {
+    let ms = |s: f64| (s * 1000.0) as Millis;
+    config.lockout.as_ref().map(|l| LockoutPolicy {
+        max_failures: l.max_failures,
+        window: ms(l.window_s),
+        duration: ms(l.duration_s),
+        by_role: l.by_role,
+        by_address: l.by_address,
+    })
 }
 
 impl AuthMonitor {
@@ -57,14 +73,7 @@ impl AuthMonitor {
             unknown_names: config.max_unknown_names,
             addresses: config.max_addresses,
         };
-        let ms = |s: f64| (s * 1000.0) as Millis;
-        let lockout = config.lockout.as_ref().map(|l| LockoutPolicy {
-            max_failures: l.max_failures,
-            window: ms(l.window_s),
-            duration: ms(l.duration_s),
-            by_role: l.by_role,
-            by_address: l.by_address,
-        });
+        let lockout = lockout_policy(config);
         let (state, corrupt) = match &config.state_file {
             Some(path) => load(path, &limits),
             None => (State::default(), false),
@@ -79,9 +88,21 @@ impl AuthMonitor {
             dirty: AtomicBool::new(false),
             saving: Mutex::new(()),
             corrupt: AtomicBool::new(corrupt),
+            store: None,
         };
         monitor.update_gauges(&monitor.state.lock());
         monitor
+    }
+
+    /// The monitor sharing its counts through `store`.
+    pub fn with_store(mut self, store: Option<AuthStore>) -> AuthMonitor {
+        self.store = store.map(Arc::new);
+        self
+    }
+
+    /// The shared store, when `auth_monitor.store` is set.
+    pub fn store(&self) -> Option<&AuthStore> {
+        self.store.as_deref()
     }
 
     pub fn lockout_enabled(&self) -> bool {
@@ -95,7 +116,8 @@ impl AuthMonitor {
         let addr = addr.to_canonical();
         let oid = self.roles.snapshot().oid(user);
         let now = now_ms();
-        let locked = self.state.lock().locked(user, oid, addr, now, policy)?;
+        let local = self.state.lock().locked(user, oid, addr, now, policy);
+        let locked = local.or_else(|| self.store.as_ref()?.locked(user, addr, now))?;
         let (message, until) = match locked {
             Locked::Role { until } => (
                 format!("too many failed login attempts for user \"{}\"", clip(user)),
@@ -166,12 +188,40 @@ impl AuthMonitor {
             kind,
             now: now_ms(),
         };
-        let effects = {
+        let mut effects = {
             let mut state = self.state.lock();
             let fx = state.record(&attempt, &self.limits, self.lockout.as_ref());
             self.update_gauges(&state);
             fx
         };
+        if let Some(store) = &self.store {
+            // The same counts for the store: this attempt's row (as the
+            // local tables chose it) and its share of the lockout.
+            let name = clip(user);
+            let row = (!name.is_empty()).then(|| match (attempt.known, oid) {
+                (false, _) => RowKey::unknown(),
+                (true, Some(uid)) => RowKey {
+                    uid,
+                    name: String::new(),
+                },
+                (true, None) => RowKey {
+                    uid: 0,
+                    name: name.to_string(),
+                },
+            });
+            let mut delta = Counters::default();
+            count(&mut delta, name, &attempt, None);
+            let cluster = store.record(
+                row,
+                &delta,
+                user,
+                attempt.addr,
+                kind,
+                attempt.now,
+                &effects.engaged,
+            );
+            effects.engaged.extend(cluster);
+        }
         self.dirty.store(true, Ordering::Relaxed);
         for table in effects.evicted {
             metrics::counter!("usher_auth_mon_evictions_total", "table" => table.as_str())
@@ -205,6 +255,9 @@ impl AuthMonitor {
 
     /// RESET AUTH_MON: forgets everything.
     pub fn reset_all(&self) {
+        if let Some(store) = &self.store {
+            store.reset(Reset::All);
+        }
         let mut state = self.state.lock();
         state.clear();
         self.update_gauges(&state);
@@ -215,6 +268,12 @@ impl AuthMonitor {
     /// was nothing to forget.
     pub fn reset_role(&self, name: &str) -> bool {
         let oid = self.roles.snapshot().oid(name);
+        if let Some(store) = &self.store {
+            store.reset(Reset::Role {
+                name: name.to_string(),
+                uid: oid.unwrap_or(0),
+            });
+        }
         let mut state = self.state.lock();
         let removed = state.reset_role(name, oid);
         self.update_gauges(&state);
@@ -224,6 +283,9 @@ impl AuthMonitor {
 
     /// RESET AUTH_MON address: forgets a client address (and its lock).
     pub fn reset_address(&self, addr: IpAddr) -> bool {
+        if let Some(store) = &self.store {
+            store.reset(Reset::Addr(addr.to_canonical()));
+        }
         let mut state = self.state.lock();
         let removed = state.reset_address(addr.to_canonical());
         self.update_gauges(&state);
@@ -232,46 +294,109 @@ impl AuthMonitor {
     }
 
     /// SHOW AUTH_MON: pg_auth_mon's columns in its order, then usher's.
+    /// With a store (once it was read), the counts of every instance.
     pub fn show_roles(&self) -> Table {
         let graph = self.roles.snapshot();
         let warm = self.roles.is_warm();
         let names: HashMap<u32, &str> = graph.roles().map(|(n, o)| (o, n)).collect();
         let now = now_ms();
+        let cluster = self.store.as_ref().and_then(|s| s.cluster_rows());
+        // A lock engaged by any instance, by the name clients give.
+        let shared_lock = |name: &str| {
+            self.store
+                .as_ref()
+                .and_then(|s| s.lock_until(&role_key(name), now))
+        };
         let state = self.state.lock();
         let mut rows: Vec<(String, Vec<Option<String>>)> = Vec::new();
-        let mut push = |rolname: String, deleted: bool, uid: u32, c: &Counters| {
-            let n = |v: u64| Some(v.to_string());
-            let ts = |v: Option<Millis>| v.map(timestamp);
-            rows.push((
-                rolname.clone(),
-                vec![
-                    Some(rolname),
-                    Some(if deleted { "t" } else { "f" }.to_string()),
-                    Some(uid.to_string()),
-                    n(c.successful_attempts),
-                    ts(c.last_successful_ts),
-                    n(c.total_hba_conflicts),
-                    n(c.other_auth_failures),
-                    ts(c.last_failed_ts),
-                    Some(c.login_name_at_last_attempt.clone()),
-                    n(c.blocked_attempts),
-                    c.last_failed_addr.map(|a| a.to_string()),
-                    ts(c.lock.until(now)),
-                ],
-            ));
-        };
-        if state.unknown.last_attempt_ts > 0 {
-            push(String::new(), false, 0, &state.unknown);
-        }
-        for (key, c) in &state.roles {
-            match key {
-                RoleKey::Oid(oid) => match names.get(oid) {
-                    Some(name) => push(name.to_string(), false, *oid, c),
-                    // Dropped on the server (pg_auth_mon: deleted, named by
-                    // its last login attempt).
-                    None => push(c.login_name_at_last_attempt.clone(), warm, *oid, c),
-                },
-                RoleKey::Name(name) => push(name.clone(), false, 0, c),
+        let mut push =
+            |rolname: String, deleted: bool, uid: u32, c: &Counters, lock: Option<Millis>| {
+                let n = |v: u64| Some(v.to_string());
+                let ts = |v: Option<Millis>| v.map(timestamp);
+                let lock = lock
+                    .max(shared_lock(&rolname))
+                    .max(shared_lock(&c.login_name_at_last_attempt));
+                rows.push((
+                    rolname.clone(),
+                    vec![
+                        Some(rolname),
+                        Some(if deleted { "t" } else { "f" }.to_string()),
+                        Some(uid.to_string()),
+                        n(c.successful_attempts),
+                        ts(c.last_successful_ts),
+                        n(c.total_hba_conflicts),
+                        n(c.other_auth_failures),
+                        ts(c.last_failed_ts),
+                        Some(c.login_name_at_last_attempt.clone()),
+                        n(c.blocked_attempts),
+                        c.last_failed_addr.map(|a| a.to_string()),
+                        ts(lock),
+                    ],
+                ));
+            };
+        match cluster {
+            None => {
+                if state.unknown.last_attempt_ts > 0 {
+                    push(String::new(), false, 0, &state.unknown, None);
+                }
+                for (key, c) in &state.roles {
+                    let lock = c.lock.until(now);
+                    match key {
+                        RoleKey::Oid(oid) => match names.get(oid) {
+                            Some(name) => push(name.to_string(), false, *oid, c, lock),
+                            // Dropped on the server (pg_auth_mon: deleted,
+                            // named by its last login attempt).
+                            None => {
+                                push(c.login_name_at_last_attempt.clone(), warm, *oid, c, lock)
+                            }
+                        },
+                        RoleKey::Name(name) => push(name.clone(), false, 0, c, lock),
+                    }
+                }
+            }
+            Some(cluster) => {
+                // A row kept by name (an instance that did not know the
+                // oid yet) joins its role's row once the oid is known.
+                let mut merged: HashMap<RowKey, Counters> = HashMap::new();
+                for (mut key, c) in cluster {
+                    if key.uid == 0 && !key.name.is_empty() {
+                        if let Some(uid) = graph.oid(&key.name) {
+                            key = RowKey {
+                                uid,
+                                name: String::new(),
+                            };
+                        }
+                    }
+                    merge_counters(merged.entry(key).or_default(), &c);
+                }
+                for (key, c) in &merged {
+                    if key.is_unknown() {
+                        if c.last_attempt_ts > 0 {
+                            push(String::new(), false, 0, c, None);
+                        }
+                        continue;
+                    }
+                    let local = if key.uid != 0 {
+                        RoleKey::Oid(key.uid)
+                    } else {
+                        RoleKey::Name(key.name.clone())
+                    };
+                    let lock = state.roles.get(&local).and_then(|r| r.lock.until(now));
+                    if key.uid == 0 {
+                        push(key.name.clone(), false, 0, c, lock);
+                        continue;
+                    }
+                    match names.get(&key.uid) {
+                        Some(name) => push(name.to_string(), false, key.uid, c, lock),
+                        None => push(
+                            c.login_name_at_last_attempt.clone(),
+                            warm,
+                            key.uid,
+                            c,
+                            lock,
+                        ),
+                    }
+                }
             }
         }
         rows.sort_by(|a, b| a.0.cmp(&b.0));
@@ -316,7 +441,7 @@ impl AuthMonitor {
                         Some(r.attempts.to_string()),
                         Some(timestamp(r.last_attempt_ts)),
                         r.last_addr.map(|a| a.to_string()),
-                        r.lock.until(now).map(timestamp),
+                        r.lock.until(now).max(self.shared_lock(&role_key(name), now)).map(timestamp),
                     ]
                 })
                 .collect(),
@@ -350,11 +475,59 @@ impl AuthMonitor {
                         Some(r.blocked_attempts.to_string()),
                         r.last_failed_ts.map(timestamp),
                         Some(r.last_user.clone()),
-                        r.lock.until(now).map(timestamp),
+                        r.lock.until(now).max(self.shared_lock(&addr_key(*addr), now)).map(timestamp),
                     ]
                 })
                 .collect(),
         )
+    }
+
+    /// The end of a lock engaged through the store (by any instance).
+    fn shared_lock(&self, key: &super::auth_store_state::LockKey, now: Millis) -> Option<Millis> {
+        self.store.as_ref().and_then(|s| s.lock_until(key, now))
+    }
+
+    /// Applies the resets other instances' consoles ran (read from the
+    /// store) to this instance's tables.
+    fn apply_remote_resets(&self, resets: &[Reset]) {
+        let graph = self.roles.snapshot();
+        let mut state = self.state.lock();
+        for r in resets {
+            match r {
+                Reset::All => state.clear(),
+                Reset::Role { name, uid } => {
+                    let oid = graph.oid(name).or((*uid != 0).then_some(*uid));
+                    state.reset_role(name, oid);
+                }
+                Reset::Addr(addr) => {
+                    state.reset_address(*addr);
+                }
+            }
+            tracing::info!(reset = ?r, "auth monitor: a reset run on another instance applied");
+        }
+        self.update_gauges(&state);
+        self.dirty.store(true, Ordering::Relaxed);
+    }
+
+    /// Starts the store's task (when `auth_monitor.store` is set).
+    pub fn spawn_store(self: &Arc<Self>, shutdown: watch::Receiver<bool>) {
+        let Some(store) = &self.store else { return };
+        let me = Arc::downgrade(self);
+        store.spawn(
+            shutdown,
+            Box::new(move |resets| {
+                if let Some(m) = me.upgrade() {
+                    m.apply_remote_resets(resets);
+                }
+            }),
+        );
+    }
+
+    /// Waits for the store's last flush at shutdown (bounded).
+    pub async fn store_stopped(&self) {
+        if let Some(store) = &self.store {
+            store.stopped().await;
+        }
     }
 
     /// Writes the state file now if anything changed (blocking I/O: call

@@ -4,7 +4,10 @@
 //! - [`blocking`]: allow/deny rules and maintenance mode at client_connection.
 //! - [`auth_monitor`]: pg_auth_mon's counters from every auth attempt, kept
 //!   across restarts ([`auth_monitor_state`] holds the tables), and the
-//!   lockout, which the login asks before it checks a password.
+//!   lockout, which the login asks before it checks a password; with
+//!   `auth_monitor.store`, [`auth_store`] shares the counts of every
+//!   instance through PostgreSQL ([`auth_store_state`]: its batches and
+//!   views as plain data).
 //!
 //! A built-in is in the dispatcher only while it has something to do
 //! (blocking: rules or maintenance mode; auth monitor: `auth_monitor`
@@ -12,9 +15,12 @@
 
 pub mod auth_monitor;
 pub mod auth_monitor_state;
+pub mod auth_store;
+pub mod auth_store_state;
 pub mod blocking;
 
 pub use auth_monitor::AuthMonitor;
+pub use auth_store::AuthStore;
 pub use auth_monitor_state::Millis;
 pub use blocking::Blocking;
 
@@ -58,7 +64,21 @@ impl Builtins {
                 });
             }
         }
-        let auth_monitor = monitor_config.map(|m| Arc::new(AuthMonitor::new(m, roles.clone())));
+        let auth_monitor = match monitor_config {
+            None => None,
+            Some(m) => {
+                let store = match &m.store {
+                    None => None,
+                    Some(s) => Some(
+                        AuthStore::new(config, s, auth_monitor::lockout_policy(m), m.max_roles)
+                            .map_err(|i| i.in_file(&config.source))?,
+                    ),
+                };
+                Some(Arc::new(
+                    AuthMonitor::new(m, roles.clone()).with_store(store),
+                ))
+            }
+        };
         Ok(Builtins {
             auth_monitor,
             blocking: Arc::new(blocking),
@@ -94,17 +114,21 @@ impl Builtins {
         self.auth_monitor.is_some() || self.blocking.uses_roles()
     }
 
-    /// Background work: the state file's periodic writes.
+    /// Background work: the state file's periodic writes, the store's
+    /// flushes and refreshes.
     pub fn start(&self, shutdown: watch::Receiver<bool>) {
         if let Some(m) = &self.auth_monitor {
-            m.spawn_saver(shutdown);
+            m.spawn_saver(shutdown.clone());
+            m.spawn_store(shutdown);
         }
     }
 
-    /// The last write of the state file, at shutdown.
+    /// The last write of the state file, and the store's last flush (the
+    /// store's task starts it when shutdown begins), at shutdown.
     pub async fn save_state(&self) {
         if let Some(m) = &self.auth_monitor {
             m.save_now().await;
+            m.store_stopped().await;
         }
     }
 }

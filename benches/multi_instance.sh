@@ -20,16 +20,23 @@
 #   benches/multi_instance.sh            # DURATION=20 s per pgbench run
 #   CLIENTS=20 DURATION=30 benches/multi_instance.sh
 #
-# Room is left for a check of item 3 of issue 15 (lockouts shared through
-# PostgreSQL): failures spread over the three instances, SHOW AUTH_MON on
-# each; see check_lockout below. Run by hand, not in CI (HAProxy, root for
-# apt-get); tests/peers.rs runs the same scenarios without HAProxy.
+# 3. A lockout shared through PostgreSQL (auth_monitor.store, in the bench
+#    database): wrong passwords for one user through HAProxy, so spread over
+#    the three instances, until a login is refused with 28000; then the
+#    right password is refused by every instance, and SHOW AUTH_MON's row
+#    of that user is the same on all three. Passes when the lock came
+#    within MAX_FAILURES + 2 failures (an instance may not have read the
+#    others' last failures yet), every instance refused, and the rows agree.
+#
+# Run by hand, not in CI (HAProxy, root for apt-get); tests/peers.rs and
+# tests/auth_store.rs run the same scenarios without HAProxy.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/pg-env.sh
 ensure_postgres_installed
 
 DURATION=${DURATION:-20}
+MAX_FAILURES=${MAX_FAILURES:-6}
 CLIENTS=${CLIENTS:-10}
 POOL_SIZE=${POOL_SIZE:-10}
 . benches/lib.sh
@@ -42,6 +49,8 @@ HAPROXY=$(command -v haproxy || echo /usr/sbin/haproxy)
 
 export PGPASSWORD=bench-pw
 pgbench -i -q -s 10 -h 127.0.0.1 -p "$PGPORT" -U bench bench >/dev/null 2>&1
+# The lockout's victim (part 3); the store's tables go in the bench database.
+psql -X -q -h "$work" -p "$PGPORT" -U postgres -c "CREATE ROLE victim LOGIN PASSWORD 'victim-pw'"
 mkdir -p "$work/no-hooks"
 
 PORTS=("$(free_port)" "$(free_port)" "$(free_port)")
@@ -58,8 +67,13 @@ for i in 0 1 2; do
 so_reuseport: true
 shutdown_timeout: $((DURATION * 3))
 peer_id: $((i + 1))
-$PEERS"
+$PEERS
+admin: { users: [bench] }
+auth_monitor:
+  lockout: { max_failures: $MAX_FAILURES, window_s: 60, duration_s: 600, by_address: false }
+  store: { database: bench, user: bench, flush_interval_s: 0.2, refresh_interval_s: 0.2 }"
   sed -i 's/^log: { level: warn }$/log: { level: "warn,usher::frontend::peers=debug" }/' "$work/${NAMES[$i]}.yaml"
+  sed -i 's/^  bench: { password: .* }$/&\n  victim: { password: victim-pw }/' "$work/${NAMES[$i]}.yaml"
   PID[${NAMES[$i]}]=$USHER_PID
 done
 # The log level above applies from a restart on: restart all three once
@@ -160,10 +174,46 @@ else
   fails=$((fails + 1))
 fi
 
-# 3. (issue 15, item 3, not built yet) check_lockout: failures spread over
-# the three instances through HAProxy should lock the role out on all of
-# them, and SHOW AUTH_MON should agree on every instance (console on each
-# of ${PORTS[*]}). Add it here when auth_monitor.store exists.
+# check_lockout: part 3 (issue 15, item 3). Wrong passwords for victim
+# through HAProxy (round robin: a, b, c, a, ...) until one is refused as
+# locked; then the right password through HAProxy three times (one per
+# instance) and SHOW AUTH_MON's victim row on each instance's console.
+check_lockout() {
+  local tried=0 out locked=0 refusals=0 rows=() agreed=0
+  echo
+  echo "3. a lockout shared through PostgreSQL: wrong passwords for victim through HAProxy (max_failures $MAX_FAILURES)"
+  while [ "$tried" -lt $((MAX_FAILURES * 3)) ]; do
+    out=$(PGPASSWORD=wrong psql -X -h 127.0.0.1 -p "$HAPORT" -U victim bench -c 'SELECT 1' 2>&1 || true)
+    if grep -q 'too many failed login attempts for user "victim"' <<<"$out"; then locked=1; break; fi
+    grep -q 'password authentication failed' <<<"$out" || { echo "FAILED: unexpected answer: $out" >&2; fails=$((fails + 1)); return; }
+    tried=$((tried + 1))
+    sleep 0.3 # a flush and a read apart, as failures from a client retrying would be
+  done
+  for _ in 1 2 3; do
+    out=$(PGPASSWORD=victim-pw psql -X -h 127.0.0.1 -p "$HAPORT" -U victim bench -c 'SELECT 1' 2>&1 || true)
+    grep -q 'too many failed login attempts for user "victim"' <<<"$out" && refusals=$((refusals + 1))
+  done
+  # SHOW AUTH_MON agrees once every instance has read the others' counts.
+  for _ in $(seq 50); do
+    rows=()
+    for i in 0 1 2; do
+      rows+=("$(PGPASSWORD=bench-pw psql -X -At -h 127.0.0.1 -p "${PORTS[$i]}" -U bench usher -c 'SHOW AUTH_MON' | grep '^victim|')")
+    done
+    if [ "${rows[0]}" = "${rows[1]}" ] && [ "${rows[1]}" = "${rows[2]}" ] && [ -n "${rows[0]}" ]; then agreed=1; break; fi
+    sleep 0.2
+  done
+  echo "   locked after $tried wrong passwords spread over the three instances; the right password refused $refusals of 3 times (one per instance)"
+  echo "   SHOW AUTH_MON's victim row on a, b, c: $([ "$agreed" = 1 ] && echo "the same" || echo "DIFFERENT"): ${rows[0]}"
+  for i in 0 1 2; do
+    echo "   SHOW AUTH_STORE on ${NAMES[$i]}: $(PGPASSWORD=bench-pw psql -X -At -h 127.0.0.1 -p "${PORTS[$i]}" -U bench usher -c 'SHOW AUTH_STORE' | cut -d'|' -f3,7,8,9)"
+  done
+  if [ "$locked" != 1 ] || [ "$tried" -gt $((MAX_FAILURES + 2)) ] || [ "$refusals" != 3 ] || [ "$agreed" != 1 ]; then
+    echo "FAILED: the lockout was not shared (locked=$locked after $tried, refusals=$refusals, agreed=$agreed)" >&2
+    for i in 0 1 2; do echo "   ${NAMES[$i]}: ${rows[$i]:-}" >&2; done
+    fails=$((fails + 1))
+  fi
+}
+check_lockout
 
 echo
 if [ "$fails" -eq 0 ]; then echo "all checks passed"; else echo "$fails check(s) failed"; exit 1; fi

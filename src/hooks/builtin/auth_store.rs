@@ -85,7 +85,8 @@ struct Target {
 }
 
 /// What the login path adds to and the task takes from, under one mutex
-/// (held for map operations only, never across an await).
+/// (held for map operations only, never across an await; taken before
+/// the status's when both are).
 #[derive(Debug, Default)]
 struct Buffers {
     /// Counted, not yet written.
@@ -236,7 +237,7 @@ impl AuthStore {
         };
         let user = clip(user);
         match kind {
-            Kind::Success if !user.is_empty() => {
+            Kind::Success if p.by_role && !user.is_empty() => {
                 pending.clear_failures(user, max);
                 recent.clear(&role_key(user));
             }
@@ -363,9 +364,10 @@ impl AuthStore {
 
     /// SHOW AUTH_STORE: one row about this instance's side of the store.
     pub fn show(&self) -> Table {
-        let (pending, locks) = {
+        // The buffers' lock before the status's, as everywhere.
+        let (pending, locks, waiting_dropped) = {
             let b = self.buf.lock();
-            (b.pending.len(), b.own_locks.len())
+            (b.pending.len(), b.own_locks.len(), b.pending.dropped)
         };
         let view = self.view.load();
         let s = self.status.lock();
@@ -397,7 +399,7 @@ impl AuthStore {
                 n(s.refreshes),
                 n(s.errors),
                 n(pending as u64),
-                n(s.dropped + self.buf.lock().pending.dropped),
+                n(s.dropped + waiting_dropped),
                 view.as_ref().map(|v| v.roles.len().to_string()),
                 Some(
                     (view.as_ref().map_or(0, |v| v.locks.len()) + locks).to_string(),
@@ -1069,4 +1071,131 @@ fn instance_name(config: &Config) -> String {
         std::process::id(),
         rand::random::<u32>()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hooks::builtin::auth_monitor::lockout_policy;
+
+    fn store(lockout: &str) -> AuthStore {
+        let yaml = format!(
+            "databases: {{ app: {{ port: 1 }} }}\nusers: {{ mon: {{ password: pw }} }}\n\
+             auth_monitor: {{ lockout: {{ {lockout} }}, store: {{ database: app, user: mon, schema: s1 }} }}\n"
+        );
+        let c = Config::from_yaml(&yaml, "t.yaml").unwrap();
+        let m = c.auth_monitor.as_ref().unwrap();
+        AuthStore::new(&c, m.store.as_ref().unwrap(), lockout_policy(m), 10).unwrap()
+    }
+
+    const WRONG: Kind = Kind::Failure { guess: true };
+    const NOW: Millis = 1_000_000;
+
+    fn fail(s: &AuthStore, user: &str, addr: &str, now: Millis) -> Vec<Engaged> {
+        s.record(
+            None,
+            &Counters::default(),
+            user,
+            addr.parse().unwrap(),
+            WRONG,
+            now,
+            &[],
+        )
+    }
+
+    #[test]
+    fn the_other_instances_failures_count_towards_the_lock() {
+        let s = store("max_failures: 3, window_s: 60, duration_s: 30, by_address: false");
+        let mut view = View::default();
+        view.others.insert(
+            role_key("alice"),
+            vec![(bucket(NOW - 70_000, 3000), 5), (bucket(NOW - 10_000, 3000), 1)],
+        );
+        s.view.store(Some(Arc::new(view)));
+        // 1 other in the window (the 5 are older) + 1 here: not yet.
+        assert!(fail(&s, "alice", "10.0.0.1", NOW).is_empty());
+        assert_eq!(s.locked("alice", "10.0.0.9".parse().unwrap(), NOW), None);
+        let engaged = fail(&s, "alice", "10.0.0.2", NOW + 1);
+        assert_eq!(
+            engaged,
+            [Engaged::Role {
+                user: "alice".into(),
+                until: NOW + 1 + 30_000
+            }]
+        );
+        assert_eq!(
+            s.locked("alice", "10.0.0.9".parse().unwrap(), NOW + 2),
+            Some(Locked::Role {
+                until: NOW + 30_001
+            })
+        );
+        assert_eq!(s.locked("bob", "10.0.0.1".parse().unwrap(), NOW + 2), None);
+        {
+            let b = s.buf.lock();
+            assert_eq!(b.pending.locks[&role_key("alice")], NOW + 30_001);
+            assert_eq!(b.pending.failures.len(), 1, "both failures in one slice");
+        }
+        // While locked, failures do not engage it again.
+        assert!(fail(&s, "alice", "10.0.0.2", NOW + 3).is_empty());
+        // A reset here lifts it and is written for the others.
+        s.reset(Reset::Role {
+            name: "alice".into(),
+            uid: 0,
+        });
+        assert_eq!(s.locked("alice", "10.0.0.9".parse().unwrap(), NOW + 4), None);
+        let b = s.buf.lock();
+        assert!(b.pending.locks.is_empty() && b.pending.failures.is_empty());
+        assert_eq!(b.pending.resets.len(), 1);
+        assert!(b.recent.is_empty());
+    }
+
+    #[test]
+    fn a_lock_from_the_store_or_engaged_here_refuses_and_a_success_starts_over() {
+        let s = store("max_failures: 2, window_s: 60, duration_s: 30");
+        let mut view = View::default();
+        view.locks.insert(addr_key("10.0.0.7".parse().unwrap()), NOW + 5);
+        s.view.store(Some(Arc::new(view)));
+        assert_eq!(
+            s.locked("anyone", "10.0.0.7".parse().unwrap(), NOW),
+            Some(Locked::Address { until: NOW + 5 })
+        );
+        assert_eq!(s.locked("anyone", "10.0.0.7".parse().unwrap(), NOW + 5), None);
+        // A lock the local tables engaged goes to the store as it is.
+        let local = [Engaged::Address {
+            addr: "10.0.0.8".parse().unwrap(),
+            until: NOW + 99,
+        }];
+        let extra = s.record(
+            None,
+            &Counters::default(),
+            "carol",
+            "10.0.0.8".parse().unwrap(),
+            WRONG,
+            NOW,
+            &local,
+        );
+        assert!(extra.is_empty(), "{extra:?}");
+        assert_eq!(
+            s.buf.lock().pending.locks[&addr_key("10.0.0.8".parse().unwrap())],
+            NOW + 99
+        );
+        // carol: one failure here; a success clears it (and the store's).
+        s.record(
+            None,
+            &Counters::default(),
+            "carol",
+            "10.0.0.9".parse().unwrap(),
+            Kind::Success,
+            NOW + 1,
+            &[],
+        );
+        assert!(s.buf.lock().pending.cleared.contains("carol"));
+        assert!(fail(&s, "carol", "10.0.0.10", NOW + 2).is_empty());
+        assert_eq!(s.locked("carol", "10.0.0.11".parse().unwrap(), NOW + 3), None);
+        // SHOW AUTH_STORE before the task ran.
+        let t = s.show();
+        assert_eq!(t.columns[2], "state");
+        assert_eq!(t.rows[0][2].as_deref(), Some("starting"));
+        assert!(t.rows[0][0].as_deref().unwrap().contains(&std::process::id().to_string()));
+    }
 }

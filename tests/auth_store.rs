@@ -290,7 +290,11 @@ async fn a_store_that_cannot_be_reached_or_hangs_blocks_no_login() {
             assert_eq!(code, "28P01", "{name}");
         }
         let (code, message) = refused(port, "alice", ALICE_PASSWORD).await;
-        assert_eq!((code.as_str(), message.as_str()), ("28000", LOCKED), "{name}");
+        assert_eq!(
+            (code.as_str(), message.as_str()),
+            ("28000", LOCKED),
+            "{name}"
+        );
         logs_in(port, "bob", BOB_PASSWORD).await;
         // SHOW AUTH_MON shows what this instance counted.
         let rows = console(&usher, "SHOW AUTH_MON").await;

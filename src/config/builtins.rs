@@ -284,7 +284,8 @@ pub(super) fn validate(m: &AuthMonitorConfig) -> Result<(), ConfigIssue> {
 fn is_identifier(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
-        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'$')
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'$')
         && !s.as_bytes()[0].is_ascii_digit()
         && s.as_bytes()[0] != b'$'
 }

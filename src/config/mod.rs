@@ -12,8 +12,8 @@ mod servers;
 pub mod settings;
 
 pub use builtins::{
-    AuthMonitorConfig, AuthStoreConfig, BlockAction, BlockRuleConfig, BlockingConfig, LockoutConfig,
-    MaintenanceConfig,
+    AuthMonitorConfig, AuthStoreConfig, BlockAction, BlockRuleConfig, BlockingConfig,
+    LockoutConfig, MaintenanceConfig,
 };
 pub use peering::PeerConfig;
 pub use security::{HbaMethod, HbaRuleConfig, HbaType, ServerTlsMode, TlsConfig, TlsMode};
@@ -880,9 +880,7 @@ impl Config {
         self.users
             .get(user)
             .and_then(|u| u.password.as_deref())
-            .filter(|p| {
-                !(p.starts_with("SCRAM-SHA-256$") || p.len() == 35 && p.starts_with("md5"))
-            })
+            .filter(|p| !(p.starts_with("SCRAM-SHA-256$") || p.len() == 35 && p.starts_with("md5")))
     }
 
     /// The entry of a database listed under `databases` (never the

@@ -249,7 +249,12 @@ pub const SETTINGS: &[SettingSpec] = &[
     s("auth_monitor.store.database", Text("none"), Restart, HIDE),
     s("auth_monitor.store.user", Text("none"), Restart, HIDE),
     s("auth_monitor.store.schema", Value("public"), Restart, HIDE),
-    s("auth_monitor.store.create_tables", Value("true"), Restart, HIDE),
+    s(
+        "auth_monitor.store.create_tables",
+        Value("true"),
+        Restart,
+        HIDE,
+    ),
     s(
         "auth_monitor.store.flush_interval_s",
         Value("1"),
@@ -263,7 +268,12 @@ pub const SETTINGS: &[SettingSpec] = &[
         HIDE,
     ),
     s("auth_monitor.store.timeout_s", Value("5"), Restart, HIDE),
-    s("auth_monitor.store.max_pending", Value("10000"), Restart, HIDE),
+    s(
+        "auth_monitor.store.max_pending",
+        Value("10000"),
+        Restart,
+        HIDE,
+    ),
     // Rules and maintenance mode are replaced as a whole.
     s("blocking", Text("none"), Live, HIDE),
 ];

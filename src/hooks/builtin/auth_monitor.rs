@@ -6,8 +6,8 @@
 //! forwarding path) and never across an await or a file write.
 
 use super::auth_monitor_state::{
-    clip, count, AddrRow, Attempt, Counters, Engaged, Kind, Limits, Locked, LockoutPolicy,
-    Millis, RoleKey, Saved, State, StateFileError,
+    clip, count, AddrRow, Attempt, Counters, Engaged, Kind, Limits, Locked, LockoutPolicy, Millis,
+    RoleKey, Saved, State, StateFileError,
 };
 use super::auth_store::AuthStore;
 use super::auth_store_state::{addr_key, merge_counters, role_key, Reset, RowKey};
@@ -211,15 +211,7 @@ impl AuthMonitor {
             });
             let mut delta = Counters::default();
             count(&mut delta, name, &attempt, None);
-            let cluster = store.record(
-                row,
-                &delta,
-                user,
-                attempt.addr,
-                kind,
-                attempt.now,
-                &effects.engaged,
-            );
+            let cluster = store.record(row, &delta, &attempt, &effects.engaged);
             effects.engaged.extend(cluster);
         }
         self.dirty.store(true, Ordering::Relaxed);
@@ -346,9 +338,7 @@ impl AuthMonitor {
                             Some(name) => push(name.to_string(), false, *oid, c, lock),
                             // Dropped on the server (pg_auth_mon: deleted,
                             // named by its last login attempt).
-                            None => {
-                                push(c.login_name_at_last_attempt.clone(), warm, *oid, c, lock)
-                            }
+                            None => push(c.login_name_at_last_attempt.clone(), warm, *oid, c, lock),
                         },
                         RoleKey::Name(name) => push(name.clone(), false, 0, c, lock),
                     }
@@ -388,13 +378,7 @@ impl AuthMonitor {
                     }
                     match names.get(&key.uid) {
                         Some(name) => push(name.to_string(), false, key.uid, c, lock),
-                        None => push(
-                            c.login_name_at_last_attempt.clone(),
-                            warm,
-                            key.uid,
-                            c,
-                            lock,
-                        ),
+                        None => push(c.login_name_at_last_attempt.clone(), warm, key.uid, c, lock),
                     }
                 }
             }
@@ -441,7 +425,10 @@ impl AuthMonitor {
                         Some(r.attempts.to_string()),
                         Some(timestamp(r.last_attempt_ts)),
                         r.last_addr.map(|a| a.to_string()),
-                        r.lock.until(now).max(self.shared_lock(&role_key(name), now)).map(timestamp),
+                        r.lock
+                            .until(now)
+                            .max(self.shared_lock(&role_key(name), now))
+                            .map(timestamp),
                     ]
                 })
                 .collect(),
@@ -475,7 +462,10 @@ impl AuthMonitor {
                         Some(r.blocked_attempts.to_string()),
                         r.last_failed_ts.map(timestamp),
                         Some(r.last_user.clone()),
-                        r.lock.until(now).max(self.shared_lock(&addr_key(*addr), now)).map(timestamp),
+                        r.lock
+                            .until(now)
+                            .max(self.shared_lock(&addr_key(*addr), now))
+                            .map(timestamp),
                     ]
                 })
                 .collect(),

@@ -444,7 +444,12 @@ impl State {
 
 /// Counts an attempt in a role's (or the aggregate's) counters; true when
 /// it engaged the role's lock.
-pub fn count(c: &mut Counters, user: &str, a: &Attempt<'_>, policy: Option<&LockoutPolicy>) -> bool {
+pub fn count(
+    c: &mut Counters,
+    user: &str,
+    a: &Attempt<'_>,
+    policy: Option<&LockoutPolicy>,
+) -> bool {
     c.login_name_at_last_attempt = user.to_string();
     c.last_attempt_ts = a.now;
     match a.kind {

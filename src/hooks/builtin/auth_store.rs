@@ -14,7 +14,9 @@
 //! with what each instance counts itself, a warning is logged (once, then
 //! at most once a minute) and the task tries again, backing off.
 
-use super::auth_monitor_state::{clip, Counters, Engaged, Kind, Locked, LockoutPolicy, Millis};
+use super::auth_monitor_state::{
+    clip, Attempt, Counters, Engaged, Kind, Locked, LockoutPolicy, Millis,
+};
 use super::auth_store_state::{
     addr_key, bucket, in_window, lock_until, merge_counters, role_key, slice, Batch, LockKey,
     Recent, Reset, RowKey, Scope, View,
@@ -51,6 +53,9 @@ const WARN_EVERY: Duration = Duration::from_secs(60);
 
 /// Old slices and locks are deleted at most this often (by each instance).
 const PRUNE_EVERY: Duration = Duration::from_secs(10);
+
+/// Applies the resets other instances ran to the monitor's own tables.
+pub type OnResets = Box<dyn Fn(&[Reset]) + Send + Sync>;
 
 /// Why the store could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -213,12 +218,10 @@ impl AuthStore {
         &self,
         row: Option<RowKey>,
         delta: &Counters,
-        user: &str,
-        addr: IpAddr,
-        kind: Kind,
-        now: Millis,
+        a: &Attempt<'_>,
         local: &[Engaged],
     ) -> Vec<Engaged> {
+        let (addr, now) = (a.addr, a.now);
         let max = self.max_pending;
         let mut engaged = Vec::new();
         let view = self.view.load();
@@ -235,8 +238,8 @@ impl AuthStore {
         let Some(p) = &self.policy else {
             return engaged;
         };
-        let user = clip(user);
-        match kind {
+        let user = clip(a.user);
+        match a.kind {
             Kind::Success if p.by_role && !user.is_empty() => {
                 pending.clear_failures(user, max);
                 recent.clear(&role_key(user));
@@ -256,9 +259,7 @@ impl AuthStore {
                     recent.add(&key, slot, max, oldest);
                     let here = local.iter().find_map(|e| match e {
                         Engaged::Role { user, until } if role_key(user) == key => Some(*until),
-                        Engaged::Address { addr, until } if addr_key(*addr) == key => {
-                            Some(*until)
-                        }
+                        Engaged::Address { addr, until } if addr_key(*addr) == key => Some(*until),
                         _ => None,
                     });
                     if let Some(until) = here {
@@ -401,9 +402,7 @@ impl AuthStore {
                 n(pending as u64),
                 n(s.dropped + waiting_dropped),
                 view.as_ref().map(|v| v.roles.len().to_string()),
-                Some(
-                    (view.as_ref().map_or(0, |v| v.locks.len()) + locks).to_string(),
-                ),
+                Some((view.as_ref().map_or(0, |v| v.locks.len()) + locks).to_string()),
             ]],
         )
     }
@@ -411,11 +410,7 @@ impl AuthStore {
     /// Starts the task: it runs until `shutdown`, then writes what is left
     /// (if the store is reachable) and ends. `on_resets` applies the
     /// resets other instances ran to the monitor's own tables.
-    pub fn spawn(
-        self: &Arc<Self>,
-        shutdown: watch::Receiver<bool>,
-        on_resets: Box<dyn Fn(&[Reset]) + Send + Sync>,
-    ) {
+    pub fn spawn(self: &Arc<Self>, shutdown: watch::Receiver<bool>, on_resets: OnResets) {
         let me = self.clone();
         tokio::spawn(async move {
             me.run(shutdown, on_resets).await;
@@ -426,15 +421,11 @@ impl AuthStore {
     /// Waits (at most `timeout_s`) for the task's last flush at shutdown.
     pub async fn stopped(&self) {
         let mut rx = self.stopped.subscribe();
-        let _ = tokio::time::timeout(self.timeout + Duration::from_secs(1), rx.wait_for(|s| *s))
-            .await;
+        let _ =
+            tokio::time::timeout(self.timeout + Duration::from_secs(1), rx.wait_for(|s| *s)).await;
     }
 
-    async fn run(
-        &self,
-        mut shutdown: watch::Receiver<bool>,
-        on_resets: Box<dyn Fn(&[Reset]) + Send + Sync>,
-    ) {
+    async fn run(&self, mut shutdown: watch::Receiver<bool>, on_resets: OnResets) {
         let mut conn: Option<Conn> = None;
         let mut backoff = self.flush_interval.min(MAX_BACKOFF);
         // Resets are read from where the log stood at the first connection.
@@ -483,14 +474,11 @@ impl AuthStore {
                 if prune {
                     next_prune = now + PRUNE_EVERY;
                 }
-                result = self
-                    .refresh(c, &mut last_reset, prune)
-                    .await
-                    .map(|resets| {
-                        if !resets.is_empty() {
-                            on_resets(&resets);
-                        }
-                    });
+                result = self.refresh(c, &mut last_reset, prune).await.map(|resets| {
+                    if !resets.is_empty() {
+                        on_resets(&resets);
+                    }
+                });
             }
             match result {
                 Ok(()) => self.up(),
@@ -598,7 +586,11 @@ impl AuthStore {
             if dropped > 0 {
                 self.status.lock().dropped += dropped;
                 metrics::counter!("usher_auth_mon_store_dropped_total").increment(dropped);
-                tracing::warn!(dropped, max_pending = self.max_pending, "auth monitor store: counts dropped, the batch was full");
+                tracing::warn!(
+                    dropped,
+                    max_pending = self.max_pending,
+                    "auth monitor store: counts dropped, the batch was full"
+                );
             }
             if batch.is_empty() {
                 return Ok(());
@@ -668,7 +660,9 @@ impl AuthStore {
                         "DELETE FROM usher_auth_mon_failures WHERE scope = 'role' AND key = $1",
                         "DELETE FROM usher_auth_mon_locks WHERE scope = 'role' AND key = $1",
                     ] {
-                        tx.execute(sql, &[&key]).await.map_err(q("applying a reset"))?;
+                        tx.execute(sql, &[&key])
+                            .await
+                            .map_err(q("applying a reset"))?;
                     }
                 }
                 Reset::Addr(_) => {
@@ -676,7 +670,9 @@ impl AuthStore {
                         "DELETE FROM usher_auth_mon_failures WHERE scope = 'addr' AND key = $1",
                         "DELETE FROM usher_auth_mon_locks WHERE scope = 'addr' AND key = $1",
                     ] {
-                        tx.execute(sql, &[&key]).await.map_err(q("applying a reset"))?;
+                        tx.execute(sql, &[&key])
+                            .await
+                            .map_err(q("applying a reset"))?;
                     }
                 }
             }
@@ -722,16 +718,30 @@ impl AuthStore {
             let ms = |v: Option<Millis>| v.map(|m| m as f64);
             let uids: Vec<u32> = rows.iter().map(|(k, _)| k.uid).collect();
             let names: Vec<&str> = rows.iter().map(|(k, _)| k.name.as_str()).collect();
-            let ok: Vec<i64> = rows.iter().map(|(_, c)| c.successful_attempts as i64).collect();
-            let ok_ts: Vec<Option<f64>> = rows.iter().map(|(_, c)| ms(c.last_successful_ts)).collect();
-            let hba: Vec<i64> = rows.iter().map(|(_, c)| c.total_hba_conflicts as i64).collect();
-            let fail: Vec<i64> = rows.iter().map(|(_, c)| c.other_auth_failures as i64).collect();
-            let fail_ts: Vec<Option<f64>> = rows.iter().map(|(_, c)| ms(c.last_failed_ts)).collect();
+            let ok: Vec<i64> = rows
+                .iter()
+                .map(|(_, c)| c.successful_attempts as i64)
+                .collect();
+            let ok_ts: Vec<Option<f64>> =
+                rows.iter().map(|(_, c)| ms(c.last_successful_ts)).collect();
+            let hba: Vec<i64> = rows
+                .iter()
+                .map(|(_, c)| c.total_hba_conflicts as i64)
+                .collect();
+            let fail: Vec<i64> = rows
+                .iter()
+                .map(|(_, c)| c.other_auth_failures as i64)
+                .collect();
+            let fail_ts: Vec<Option<f64>> =
+                rows.iter().map(|(_, c)| ms(c.last_failed_ts)).collect();
             let login: Vec<&str> = rows
                 .iter()
                 .map(|(_, c)| c.login_name_at_last_attempt.as_str())
                 .collect();
-            let blocked: Vec<i64> = rows.iter().map(|(_, c)| c.blocked_attempts as i64).collect();
+            let blocked: Vec<i64> = rows
+                .iter()
+                .map(|(_, c)| c.blocked_attempts as i64)
+                .collect();
             let addr: Vec<Option<String>> = rows
                 .iter()
                 .map(|(_, c)| c.last_failed_addr.map(|a| a.to_string()))
@@ -936,9 +946,7 @@ impl AuthStore {
                 last_failed_ts: ms(6),
                 login_name_at_last_attempt: row.get(7),
                 blocked_attempts: n(8),
-                last_failed_addr: row
-                    .get::<_, Option<&str>>(9)
-                    .and_then(|a| a.parse().ok()),
+                last_failed_addr: row.get::<_, Option<&str>>(9).and_then(|a| a.parse().ok()),
                 last_attempt_ts: ms(10).unwrap_or_default(),
                 ..Counters::default()
             };
@@ -985,7 +993,8 @@ impl AuthStore {
                     continue;
                 };
                 let until: i64 = row.get(2);
-                view.locks.insert((scope, row.get(1)), until.max(0) as Millis);
+                view.locks
+                    .insert((scope, row.get(1)), until.max(0) as Millis);
             }
         }
         Ok((view, resets))
@@ -1091,14 +1100,22 @@ mod tests {
     const WRONG: Kind = Kind::Failure { guess: true };
     const NOW: Millis = 1_000_000;
 
+    fn attempt<'a>(user: &'a str, addr: &str, kind: Kind, now: Millis) -> Attempt<'a> {
+        Attempt {
+            user,
+            known: true,
+            oid: None,
+            addr: addr.parse().unwrap(),
+            kind,
+            now,
+        }
+    }
+
     fn fail(s: &AuthStore, user: &str, addr: &str, now: Millis) -> Vec<Engaged> {
         s.record(
             None,
             &Counters::default(),
-            user,
-            addr.parse().unwrap(),
-            WRONG,
-            now,
+            &attempt(user, addr, WRONG, now),
             &[],
         )
     }
@@ -1109,7 +1126,10 @@ mod tests {
         let mut view = View::default();
         view.others.insert(
             role_key("alice"),
-            vec![(bucket(NOW - 70_000, 3000), 5), (bucket(NOW - 10_000, 3000), 1)],
+            vec![
+                (bucket(NOW - 70_000, 3000), 5),
+                (bucket(NOW - 10_000, 3000), 1),
+            ],
         );
         s.view.store(Some(Arc::new(view)));
         // 1 other in the window (the 5 are older) + 1 here: not yet.
@@ -1142,7 +1162,10 @@ mod tests {
             name: "alice".into(),
             uid: 0,
         });
-        assert_eq!(s.locked("alice", "10.0.0.9".parse().unwrap(), NOW + 4), None);
+        assert_eq!(
+            s.locked("alice", "10.0.0.9".parse().unwrap(), NOW + 4),
+            None
+        );
         let b = s.buf.lock();
         assert!(b.pending.locks.is_empty() && b.pending.failures.is_empty());
         assert_eq!(b.pending.resets.len(), 1);
@@ -1153,13 +1176,17 @@ mod tests {
     fn a_lock_from_the_store_or_engaged_here_refuses_and_a_success_starts_over() {
         let s = store("max_failures: 2, window_s: 60, duration_s: 30");
         let mut view = View::default();
-        view.locks.insert(addr_key("10.0.0.7".parse().unwrap()), NOW + 5);
+        view.locks
+            .insert(addr_key("10.0.0.7".parse().unwrap()), NOW + 5);
         s.view.store(Some(Arc::new(view)));
         assert_eq!(
             s.locked("anyone", "10.0.0.7".parse().unwrap(), NOW),
             Some(Locked::Address { until: NOW + 5 })
         );
-        assert_eq!(s.locked("anyone", "10.0.0.7".parse().unwrap(), NOW + 5), None);
+        assert_eq!(
+            s.locked("anyone", "10.0.0.7".parse().unwrap(), NOW + 5),
+            None
+        );
         // A lock the local tables engaged goes to the store as it is.
         let local = [Engaged::Address {
             addr: "10.0.0.8".parse().unwrap(),
@@ -1168,10 +1195,7 @@ mod tests {
         let extra = s.record(
             None,
             &Counters::default(),
-            "carol",
-            "10.0.0.8".parse().unwrap(),
-            WRONG,
-            NOW,
+            &attempt("carol", "10.0.0.8", WRONG, NOW),
             &local,
         );
         assert!(extra.is_empty(), "{extra:?}");
@@ -1183,19 +1207,22 @@ mod tests {
         s.record(
             None,
             &Counters::default(),
-            "carol",
-            "10.0.0.9".parse().unwrap(),
-            Kind::Success,
-            NOW + 1,
+            &attempt("carol", "10.0.0.9", Kind::Success, NOW + 1),
             &[],
         );
         assert!(s.buf.lock().pending.cleared.contains("carol"));
         assert!(fail(&s, "carol", "10.0.0.10", NOW + 2).is_empty());
-        assert_eq!(s.locked("carol", "10.0.0.11".parse().unwrap(), NOW + 3), None);
+        assert_eq!(
+            s.locked("carol", "10.0.0.11".parse().unwrap(), NOW + 3),
+            None
+        );
         // SHOW AUTH_STORE before the task ran.
         let t = s.show();
         assert_eq!(t.columns[2], "state");
         assert_eq!(t.rows[0][2].as_deref(), Some("starting"));
-        assert!(t.rows[0][0].as_deref().unwrap().contains(&std::process::id().to_string()));
+        assert!(t.rows[0][0]
+            .as_deref()
+            .unwrap()
+            .contains(&std::process::id().to_string()));
     }
 }

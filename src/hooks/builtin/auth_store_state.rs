@@ -80,7 +80,10 @@ impl RowKey {
 pub enum Reset {
     All,
     /// A role (by name, and its oid when known) or an unknown name.
-    Role { name: String, uid: u32 },
+    Role {
+        name: String,
+        uid: u32,
+    },
     Addr(IpAddr),
 }
 
@@ -459,7 +462,10 @@ mod tests {
         // A NULL timestamp never wins.
         let mut b = delta(0, 1, 100, "b");
         merge_counters(&mut b, &delta(1, 0, 50, "b"));
-        assert_eq!((b.last_failed_ts, b.last_successful_ts), (Some(100), Some(50)));
+        assert_eq!(
+            (b.last_failed_ts, b.last_successful_ts),
+            (Some(100), Some(50))
+        );
     }
 
     #[test]
@@ -550,8 +556,15 @@ mod tests {
         newer.dropped = 1;
         old.merge(newer, max);
         let alice = &old.roles[&by_name("alice")];
-        assert_eq!((alice.successful_attempts, alice.other_auth_failures), (1, 2));
-        assert_eq!(old.roles[&by_name("bob")].other_auth_failures, 1, "after the reset");
+        assert_eq!(
+            (alice.successful_attempts, alice.other_auth_failures),
+            (1, 2)
+        );
+        assert_eq!(
+            old.roles[&by_name("bob")].other_auth_failures,
+            1,
+            "after the reset"
+        );
         assert!(old.failures.is_empty());
         assert!(old.cleared.contains("alice"));
         assert_eq!(old.resets.len(), 1);

@@ -20,8 +20,8 @@ pub mod auth_store_state;
 pub mod blocking;
 
 pub use auth_monitor::AuthMonitor;
-pub use auth_store::AuthStore;
 pub use auth_monitor_state::Millis;
+pub use auth_store::AuthStore;
 pub use blocking::Blocking;
 
 use super::query::QueryPool;

@@ -4,7 +4,8 @@
 //! HAProxy). Wrong passwords spread over three instances lock the user out
 //! on all of them, SHOW AUTH_MON agrees everywhere, RESET AUTH_MON on one
 //! lifts the lock on all; a store that cannot be reached, hangs, or goes
-//! away blocks no login and leaves each instance counting alone.
+//! away blocks no login and leaves each instance counting alone; what
+//! waits is written at shutdown.
 
 mod common;
 
@@ -373,4 +374,55 @@ async fn a_store_that_goes_away_and_comes_back() {
     // The store lost the first failure with its tables; SHOW AUTH_MON
     // shows what the store has now.
     wait_alice(&usher, "SHOW AUTH_MON reads the store again", failures(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_is_left_is_written_at_shutdown() {
+    let pg = PgCluster::shared();
+    store_schema(pg, "store_last");
+    // No flush after the first one for a minute: only the shutdown's
+    // writes what comes next.
+    let yaml = yaml_with_store(
+        pg,
+        "",
+        &monitor(&format!(
+            "{{ database: app, user: {STORE_USER}, schema: store_last, flush_interval_s: 60, refresh_interval_s: 60 }}"
+        )),
+    );
+    let usher = Usher::start_yaml(&yaml).await;
+    let port = usher.addr.port();
+    wait_store_state(&usher, "connected").await;
+    let r = wait_for_async(DEADLINE, "the first flush and read", || async {
+        let r = store_row(&usher).await;
+        if get(&r, "last_refresh_ts").is_some() {
+            Ok(r)
+        } else {
+            Err(r)
+        }
+    })
+    .await;
+    let flushes = get(&r, "flushes").unwrap().to_string();
+    for _ in 0..2 {
+        refused(port, "alice", "guess").await;
+    }
+    let r = store_row(&usher).await;
+    assert_eq!(get(&r, "flushes"), Some(flushes.as_str()), "{r:?}");
+    assert_ne!(get(&r, "pending"), Some("0"), "{r:?}");
+    let count = || {
+        pg.psql_super_db(
+            "app",
+            "SELECT coalesce(sum(other_auth_failures), 0) FROM store_last.usher_auth_mon_roles WHERE name = 'alice'",
+        )
+    };
+    assert_eq!(count(), "0");
+    drop(usher);
+    wait_for_async(DEADLINE, "the last flush at shutdown", || async {
+        let n = count();
+        if n == "2" {
+            Ok(())
+        } else {
+            Err(n)
+        }
+    })
+    .await;
 }

@@ -105,7 +105,14 @@ fn run(app: std::sync::Arc<usher::App>, endpoint: Option<usher::metrics::Endpoin
         if let Some(endpoint) = endpoint {
             tokio::spawn(endpoint.serve());
         }
-        server.run().await;
-        ExitCode::SUCCESS
+        // On a worker thread, not this one: a client's task is then spawned
+        // on the worker that accepted it, not handed across threads.
+        match tokio::spawn(server.run()).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                tracing::error!(error = %e, "the accept loop ended abnormally");
+                ExitCode::from(1)
+            }
+        }
     })
 }

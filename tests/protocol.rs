@@ -418,6 +418,72 @@ async fn a_second_ssl_or_gssenc_request_is_refused_as_postgresql_refuses_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bytes_sent_before_the_answer_to_an_ssl_or_gssenc_request_are_refused() {
+    // PostgreSQL refuses what arrived with the request, before its answer:
+    // it was not sent over the encryption the client asked for, so it may
+    // have been injected (CVE-2021-23214). usher reads ahead at login and
+    // must not take it either.
+    let pg = PgCluster::shared();
+    let usher = Usher::start(pg, "").await;
+    let startup = startup_packet(&[("user", "alice"), ("database", "app")]);
+    for (code, what) in [
+        (SSL_REQUEST, "SSL request"),
+        (GSSENC_REQUEST, "GSSAPI encryption request"),
+    ] {
+        let mut both = request(code);
+        both.extend_from_slice(&startup);
+        let a = same_answers(pg, &usher, &[Step::Send(both), Step::Byte]).await;
+        assert_eq!(
+            a,
+            [
+                "byte N".to_string(),
+                format!("E FATAL 08P01 received unencrypted data after {what}"),
+                "closed".into()
+            ]
+        );
+    }
+    // Sent after the answer, the same bytes are a login; and a packet that
+    // comes in pieces is put together.
+    let (head, tail) = startup.split_at(7);
+    let a = same_answers(
+        pg,
+        &usher,
+        &[
+            Step::Send(request(SSL_REQUEST)),
+            Step::Byte,
+            Step::Send(head.to_vec()),
+            Step::Send(tail.to_vec()),
+        ],
+    )
+    .await;
+    assert_eq!(a, ["byte N", "R"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_sent_with_the_startup_packet_is_answered_after_the_login() {
+    // A client may send its first query without waiting for the login's
+    // end (trust needs no answer from it): what usher read ahead with the
+    // startup packet is the session's first input.
+    let pg = PgCluster::shared();
+    let usher = Usher::start(pg, TRUST).await;
+    let mut s = TcpStream::connect(usher.addr).await.unwrap();
+    let mut bytes = startup_packet(&[("user", "alice"), ("database", "app")]);
+    bytes.extend_from_slice(&message(b'Q', b"SELECT 41 + 1\0"));
+    s.write_all(&bytes).await.unwrap();
+    logged_in(&mut s).await;
+    let mut rows = Vec::new();
+    loop {
+        match read_message(&mut s).await {
+            (b'D', body) => rows.push(String::from_utf8_lossy(&body[6..]).into_owned()),
+            (b'E', body) => panic!("query failed: {:?}", fields(&body)),
+            (b'Z', _) => break,
+            _ => {}
+        }
+    }
+    assert_eq!(rows, ["42"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bytes_that_are_not_a_startup_packet_close_the_connection_silently() {
     let pg = PgCluster::shared();
     let usher = Usher::start(pg, "").await;

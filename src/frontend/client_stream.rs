@@ -3,19 +3,38 @@
 //! Writes on either kind return once the bytes are on the socket (see
 //! [`crate::tls::ClientTlsStream`]), and [`ClientStream::readable`] waits for
 //! input without taking a buffer, so the serve loop treats both alike.
+//!
+//! Small reads on a plain connection (the login reads a message's header,
+//! then its body) read ahead: one `recv` takes what the client sent, and
+//! the next reads are served from it, so a login message costs one system
+//! call instead of three. Large reads (the serve loop's) go straight to the
+//! socket once the read-ahead is used up; an empty read-ahead holds no
+//! memory, so an idle client pays nothing for it.
 
 use crate::tls::ClientTlsStream;
+use bytes::{Buf, BytesMut};
 use rustls_pki_types::CertificateDer;
 use std::io;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 
+/// Reads asking for less than this read ahead (a startup packet or login
+/// message fits; a login's messages are far smaller).
+const READ_AHEAD: usize = 2048;
+
 /// The stream to one client.
 #[derive(Debug)]
-pub enum ClientStream {
+pub struct ClientStream {
+    io: Io,
+    /// Bytes read from a plain connection and not yet taken.
+    ahead: BytesMut,
+}
+
+#[derive(Debug)]
+enum Io {
     Plain(TcpStream),
     /// Boxed: rustls' state is large, and most clients are plain.
     Tls(Box<ClientTlsStream>),
@@ -24,43 +43,63 @@ pub enum ClientStream {
 }
 
 impl ClientStream {
+    /// A plain connection, as accepted.
+    pub fn plain(tcp: TcpStream) -> Self {
+        ClientStream {
+            io: Io::Plain(tcp),
+            ahead: BytesMut::new(),
+        }
+    }
+
     /// True once TLS is on.
     pub fn is_tls(&self) -> bool {
-        matches!(self, ClientStream::Tls(_))
+        matches!(self.io, Io::Tls(_))
+    }
+
+    /// True when bytes the client sent have been read ahead and not yet
+    /// taken. After an SSLRequest or GSSENCRequest they came before the
+    /// answer, unencrypted: PostgreSQL refuses them.
+    pub fn has_read_ahead(&self) -> bool {
+        !self.ahead.is_empty()
     }
 
     /// usher's end of the connection (SHOW CLIENTS' local_addr).
     pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
-        match self {
-            ClientStream::Plain(tcp) => tcp.local_addr().ok(),
-            ClientStream::Tls(s) => s.tcp().local_addr().ok(),
-            ClientStream::Closed => None,
+        match &self.io {
+            Io::Plain(tcp) => tcp.local_addr().ok(),
+            Io::Tls(s) => s.tcp().local_addr().ok(),
+            Io::Closed => None,
         }
     }
 
     /// Runs the TLS handshake on a plain stream (after usher answered `S`
-    /// to an SSLRequest). On failure the stream is [`ClientStream::Closed`].
+    /// to an SSLRequest). On failure every later operation on the stream fails.
+    /// Bytes read ahead would be lost to the handshake: the caller refuses
+    /// them first ([`ClientStream::has_read_ahead`]).
     pub async fn start_tls(&mut self, acceptor: &TlsAcceptor) -> io::Result<()> {
-        let ClientStream::Plain(tcp) = std::mem::replace(self, ClientStream::Closed) else {
+        if self.has_read_ahead() {
+            return Err(io::Error::other("bytes before the TLS handshake"));
+        }
+        let Io::Plain(tcp) = std::mem::replace(&mut self.io, Io::Closed) else {
             return Err(io::Error::other("TLS can only start on a plain connection"));
         };
         let tls = ClientTlsStream::accept(tcp, acceptor.config().clone()).await?;
-        *self = ClientStream::Tls(Box::new(tls));
+        self.io = Io::Tls(Box::new(tls));
         Ok(())
     }
 
     /// The certificate the client presented (already verified against
     /// `tls.ca` during the handshake), if any.
     pub fn peer_certificate(&self) -> Option<&CertificateDer<'static>> {
-        match self {
-            ClientStream::Tls(s) => s.connection().peer_certificates()?.first(),
+        match &self.io {
+            Io::Tls(s) => s.connection().peer_certificates()?.first(),
             _ => None,
         }
     }
 
     /// TLS details for hooks: protocol version, cipher, client certificate.
     pub fn tls_info(&self) -> Option<crate::hooks::TlsInfo> {
-        let ClientStream::Tls(s) = self else {
+        let Io::Tls(s) = &self.io else {
             return None;
         };
         let conn = s.connection();
@@ -89,16 +128,19 @@ impl ClientStream {
     /// [`ClientStream::readable`] as a poll: the waker is kept by the
     /// socket's registration, not by a future.
     pub fn poll_readable(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self {
-            ClientStream::Plain(s) => s.poll_read_ready(cx),
-            ClientStream::Tls(s) => {
+        if self.has_read_ahead() {
+            return Poll::Ready(Ok(()));
+        }
+        match &self.io {
+            Io::Plain(s) => s.poll_read_ready(cx),
+            Io::Tls(s) => {
                 if s.has_buffered_input() {
                     // buffered plaintext or TLS bytes, or the peer closed
                     return Poll::Ready(Ok(()));
                 }
                 s.tcp().poll_read_ready(cx)
             }
-            ClientStream::Closed => Poll::Ready(Err(closed())),
+            Io::Closed => Poll::Ready(Err(closed())),
         }
     }
 }
@@ -113,11 +155,35 @@ impl AsyncRead for ClientStream {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            ClientStream::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-            ClientStream::Closed => Poll::Ready(Err(closed())),
+        let this = self.get_mut();
+        if this.ahead.is_empty() {
+            match &mut this.io {
+                Io::Plain(s) if buf.remaining() < READ_AHEAD => {
+                    this.ahead.reserve(READ_AHEAD);
+                    if ready!(tokio_util::io::poll_read_buf(
+                        Pin::new(s),
+                        cx,
+                        &mut this.ahead
+                    ))? == 0
+                    {
+                        // The end of the stream: nothing read.
+                        this.ahead = BytesMut::new();
+                        return Poll::Ready(Ok(()));
+                    }
+                }
+                Io::Plain(s) => return Pin::new(s).poll_read(cx, buf),
+                Io::Tls(s) => return Pin::new(s.as_mut()).poll_read(cx, buf),
+                Io::Closed => return Poll::Ready(Err(closed())),
+            }
         }
+        let n = this.ahead.len().min(buf.remaining());
+        buf.put_slice(&this.ahead[..n]);
+        this.ahead.advance(n);
+        if this.ahead.is_empty() {
+            // Give the memory back: an idle client holds none.
+            this.ahead = BytesMut::new();
+        }
+        Poll::Ready(Ok(()))
     }
 }
 
@@ -127,26 +193,26 @@ impl AsyncWrite for ClientStream {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            ClientStream::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-            ClientStream::Closed => Poll::Ready(Err(closed())),
+        match &mut self.get_mut().io {
+            Io::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+            Io::Closed => Poll::Ready(Err(closed())),
         }
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            ClientStream::Plain(s) => Pin::new(s).poll_flush(cx),
-            ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-            ClientStream::Closed => Poll::Ready(Ok(())),
+        match &mut self.get_mut().io {
+            Io::Plain(s) => Pin::new(s).poll_flush(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            Io::Closed => Poll::Ready(Ok(())),
         }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            ClientStream::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-            ClientStream::Closed => Poll::Ready(Ok(())),
+        match &mut self.get_mut().io {
+            Io::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+            Io::Closed => Poll::Ready(Ok(())),
         }
     }
 }

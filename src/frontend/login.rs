@@ -112,7 +112,7 @@ pub struct Admitted {
 /// refused, timed out or left, and has been told why.
 pub async fn admit(deps: &Arc<SessionDeps>, tcp: TcpStream, addr: SocketAddr) -> Option<Admitted> {
     let _ = tcp.set_nodelay(true);
-    let mut stream = ClientStream::Plain(tcp);
+    let mut stream = ClientStream::plain(tcp);
     let (connected, count) = deps.clients.connect();
     let gauge = ClientConnected::new();
     // One snapshot of the configuration for the whole login.
@@ -520,14 +520,9 @@ async fn welcome(
             pool.checkin(checkout);
         }
     }
-    let mut report = params.initial_report(&defaults);
-    // PostgreSQL's order: by name, whatever the case.
-    report.sort_by_cached_key(|(name, _)| name.to_ascii_lowercase());
-    for (name, value) in report {
-        messages::parameter_status(&mut out, &name, &value);
+    for (name, value) in params.initial_report(&defaults) {
+        messages::parameter_status(&mut out, name, value);
     }
-    stream.write_all(&out).await.map_err(gone)?;
-    out.clear();
     let (pid, secret) = (registration.handle.pid(), registration.handle.secret);
     let mut session = Box::new(Session::new(
         deps.clone(),
@@ -539,6 +534,10 @@ async fn welcome(
         vars,
     ));
     if let Some(checkout) = held {
+        // What the session start says on the server comes after the
+        // parameters; otherwise the whole welcome is one write.
+        stream.write_all(&out).await.map_err(gone)?;
+        out.clear();
         session.hold_login_server(checkout);
         session.start_on_login_server(stream).await?;
     }
@@ -674,9 +673,7 @@ async fn startup(
                 match &snapshot.client_tls {
                     Some(tls) => {
                         stream.write_all(b"S").await.map_err(gone)?;
-                        // read_startup reads exactly one packet, so nothing the
-                        // client sent in plaintext after SSLRequest is taken
-                        // as if it came over TLS: it is the TLS handshake.
+                        refuse_read_ahead(stream, "SSL request")?;
                         if let Err(e) = stream.start_tls(&tls.acceptor).await {
                             // Recorded as a protocol error; the client cannot
                             // read an ErrorResponse without TLS.
@@ -687,12 +684,16 @@ async fn startup(
                         gss_done = true;
                     }
                     // 'N' tells the client to go on in plaintext (or give up).
-                    None => stream.write_all(b"N").await.map_err(gone)?,
+                    None => {
+                        stream.write_all(b"N").await.map_err(gone)?;
+                        refuse_read_ahead(stream, "SSL request")?;
+                    }
                 }
             }
             Some(StartupPacket::GssEncRequest) if !gss_done => {
                 gss_done = true;
                 stream.write_all(b"N").await.map_err(gone)?;
+                refuse_read_ahead(stream, "GSSAPI encryption request")?;
             }
             Some(StartupPacket::SslRequest) => return Err(unsupported_version(SSL_REQUEST)),
             Some(StartupPacket::GssEncRequest) => return Err(unsupported_version(GSSENC_REQUEST)),
@@ -730,6 +731,25 @@ async fn startup(
             }
         }
     }
+}
+
+/// Bytes that came with an SSLRequest or GSSENCRequest, before its answer,
+/// were not sent over the encryption the client asked for and may have
+/// been injected on the way: refused as PostgreSQL refuses them
+/// (CVE-2021-23214), whatever the answer was.
+fn refuse_read_ahead(stream: &ClientStream, request: &str) -> Result<(), PgError> {
+    if !stream.has_read_ahead() {
+        return Ok(());
+    }
+    let mut e = PgError::fatal(
+        sqlstate::PROTOCOL_VIOLATION,
+        format!("received unencrypted data after {request}"),
+    );
+    e.detail = Some(
+        "This could be either a client-software bug or evidence of an attempted man-in-the-middle attack."
+            .into(),
+    );
+    Err(e)
 }
 
 /// What usher logs in to the server with for this user: the plaintext or

@@ -141,12 +141,18 @@ impl SessionParams {
 
     /// Parameter values to tell the client at login: the server's reported
     /// values, overridden by what the client asked for.
-    pub fn initial_report(&self, server: &HashMap<String, String>) -> Vec<(String, String)> {
-        let mut out: Vec<(String, String)> = server
+    /// In PostgreSQL's order: by name, whatever the case.
+    pub fn initial_report<'a>(
+        &'a self,
+        server: &'a HashMap<String, String>,
+    ) -> Vec<(&'a str, &'a str)> {
+        let merged = self.merged();
+        let mut out: Vec<(&str, &str)> = server
             .iter()
-            .map(|(k, v)| (k.clone(), self.merged().get(k).unwrap_or(v).clone()))
+            .map(|(k, v)| (k.as_str(), merged.get(k).unwrap_or(v).as_str()))
             .collect();
-        out.sort();
+        let folded = |name: &'a str| name.bytes().map(|b| b.to_ascii_lowercase());
+        out.sort_unstable_by(|a, b| folded(a.0).cmp(folded(b.0)).then(a.0.cmp(b.0)));
         out
     }
 

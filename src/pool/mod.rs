@@ -52,7 +52,9 @@ pub struct Pool {
     pub database: String,
     pub user: String,
     target: ArcSwap<ServerTarget>,
-    slots: Slots<ServerConn>,
+    /// Boxed: a connection moves through every checkout and checkin, and
+    /// a box moves as a pointer (the struct is a few hundred bytes).
+    slots: Slots<Box<ServerConn>>,
     /// ParameterStatus values of the first server connection: what clients
     /// are told at login.
     server_params: OnceLock<Arc<HashMap<String, String>>>,
@@ -95,7 +97,7 @@ pub struct IdleServer {
 /// A server connection lent to one client.
 #[derive(Debug)]
 pub struct Checkout {
-    pub conn: ServerConn,
+    pub conn: Box<ServerConn>,
     lease: Lease,
 }
 
@@ -120,7 +122,7 @@ pub enum CheckoutError {
     Connect(ConnectError),
 }
 
-impl Pooled for ServerConn {
+impl Pooled for Box<ServerConn> {
     fn id(&self) -> u64 {
         ServerConn::id(self)
     }
@@ -378,7 +380,7 @@ impl Pool {
     }
 
     /// Opens a server connection of the current generation.
-    async fn connect(&self, settings: &PoolLimits) -> Result<ServerConn, ConnectError> {
+    async fn connect(&self, settings: &PoolLimits) -> Result<Box<ServerConn>, ConnectError> {
         let generation = self.slots.generation();
         let target = self.target.load_full();
         let login = self.stats.logging_in();
@@ -387,14 +389,14 @@ impl Pool {
         let mut conn = conn?;
         conn.set_generation(generation);
         self.stats.connected();
-        Ok(conn)
+        Ok(Box::new(conn))
     }
 
     /// Decides whether an idle connection (of the current generation, not
     /// past its lifetime: [`Slots::take_idle`]) may be handed out: not
     /// closed by the server, and, if it sat idle longer than
     /// `server_check_delay`, answering a round trip.
-    async fn vet(&self, mut conn: ServerConn) -> Option<ServerConn> {
+    async fn vet(&self, mut conn: Box<ServerConn>) -> Option<Box<ServerConn>> {
         if !conn.looks_alive() {
             tracing::info!(
                 server = conn.id(),

@@ -114,10 +114,14 @@ logfile = $work/pgbouncer/pgbouncer.log
 pidfile = $work/pgbouncer/pgbouncer.pid
 INI
   [ "$(id -u)" -eq 0 ] && chown -R postgres "$work/pgbouncer"
-  as_postgres "$bin" -d "$work/pgbouncer/pgbouncer.ini" >/dev/null
+  # runuser's PAM session starts PgBouncer with 1,024 descriptors whatever
+  # this shell's limit: past about 1,000 clients its accept() fails with
+  # EMFILE and pgbench waits forever. It raises its own to the hard limit.
+  as_postgres sh -c 'ulimit -n "$(ulimit -Hn)"; exec "$0" -d "$1"' "$bin" "$work/pgbouncer/pgbouncer.ini" >/dev/null
   for _ in $(seq 100); do pg_isready -q -h 127.0.0.1 -p "$1" && break; sleep 0.1; done
   PGB_PID=$(cat "$work/pgbouncer/pgbouncer.pid")
   usher_pids="$usher_pids $PGB_PID"
+
 }
 
 # start_usher_and_pgbouncer [EXTRA_YAML]: usher without hooks and PgBouncer,

@@ -442,6 +442,344 @@ mod tests {
         assert_eq!(run(&e).await, Err(HookError::Memory));
     }
 
+    fn client() -> super::super::ClientInfo {
+        super::super::ClientInfo {
+            id: 42,
+            user: "alice".into(),
+            database: "app".into(),
+            application_name: "psql".into(),
+            startup: vec![
+                ("user".to_string(), "alice".to_string()),
+                ("options".to_string(), String::new()),
+                ("application_name".to_string(), "psql".to_string()),
+            ]
+            .into(),
+            addr: "10.1.2.3:5000".parse().unwrap(),
+            tls: None,
+            auth_method: "scram-sha-256",
+            pool_mode: crate::config::PoolMode::Transaction,
+        }
+    }
+
+    /// What one client_connection call of the first hook decided.
+    async fn connect(
+        hook: &Arc<dyn Hook>,
+        client: &super::super::ClientInfo,
+        vars: &mut super::super::Vars,
+    ) -> (Result<(), HookError>, ConnectionCtx<'static>) {
+        let mut ctx = ConnectionCtx {
+            client: Box::leak(Box::new(client.clone())),
+            vars: Box::leak(Box::new(vars.clone())),
+            reject: None,
+            params: vec![],
+            notices: vec![],
+        };
+        let r = hook.client_connection(&mut ctx).await;
+        *vars = ctx.vars.clone();
+        (r, ctx)
+    }
+
+    /// What one session_start call of the first hook decided.
+    async fn start(
+        hook: &Arc<dyn Hook>,
+        client: &super::super::ClientInfo,
+        vars: &mut super::super::Vars,
+        server: Option<super::super::ServerInfo>,
+    ) -> (Result<(), HookError>, SessionCtx<'static>) {
+        let mut ctx = SessionCtx {
+            client: Box::leak(Box::new(client.clone())),
+            vars: Box::leak(Box::new(vars.clone())),
+            reason: super::super::SessionReason::DiscardAll,
+            server,
+            params: vec![],
+            exec: vec![],
+            notices: vec![],
+            warnings: vec![],
+        };
+        let r = hook.session_start(&mut ctx).await;
+        *vars = ctx.vars.clone();
+        (r, ctx)
+    }
+
+    fn hook(code: &str) -> Arc<dyn Hook> {
+        engine(code, 1000, 8).hooks().remove(0)
+    }
+
+    fn set(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn ctx_shows_every_client_field() {
+        let h = hook(
+            r#"
+function client_connection(ctx)
+  local parts = {}
+  for _, k in ipairs({ "event", "id", "user", "database", "application_name", "client_addr",
+                       "client_port", "auth_method", "pool_mode", "tls", "reason" }) do
+    parts[#parts + 1] = k .. "=" .. tostring(ctx[k]) .. ":" .. (math.type(ctx[k]) or type(ctx[k]))
+  end
+  ctx:set("fields", table.concat(parts, " "))
+  local keys = {}
+  for k, v in pairs(ctx.startup) do keys[#keys + 1] = k .. "=" .. v end
+  table.sort(keys)
+  ctx:set("startup", table.concat(keys, ","))
+  ctx:set("vars", tostring(next(ctx.vars)))
+  ctx:set("type", type(ctx))
+end
+function session_start(ctx)
+  ctx:set("reason", ctx.reason)
+  ctx:set("server", tostring(ctx.server and ctx.server.backend_pid) .. "/" ..
+    tostring(ctx.server and ctx.server.server_version) .. "/" .. tostring(ctx.server and ctx.server.fresh))
+end
+"#,
+        );
+        let mut tls = client();
+        tls.tls = Some(Box::new(super::super::TlsInfo {
+            version: "TLSv1.3".into(),
+            cipher: "TLS13_AES_256_GCM_SHA384".into(),
+            client_cert_subject: None,
+        }));
+        let mut vars = super::super::Vars::new();
+        let (r, ctx) = connect(&h, &client(), &mut vars).await;
+        assert_eq!(r, Ok(()));
+        assert_eq!(
+            ctx.params,
+            set(&[
+                ("fields", "event=client_connection:string id=42:integer user=alice:string database=app:string application_name=psql:string client_addr=10.1.2.3:string client_port=5000:integer auth_method=scram-sha-256:string pool_mode=transaction:string tls=nil:nil reason=nil:nil"),
+                ("startup", "application_name=psql,options=,user=alice"),
+                ("vars", "nil"),
+                ("type", "table"),
+            ])
+        );
+        let h2 = hook("function client_connection(ctx) ctx:set('tls', ctx.tls.version .. '/' .. ctx.tls.cipher .. '/' .. tostring(ctx.tls.client_cert_subject)) end");
+        let (_, ctx) = connect(&h2, &tls, &mut vars).await;
+        assert_eq!(
+            ctx.params,
+            set(&[("tls", "TLSv1.3/TLS13_AES_256_GCM_SHA384/nil")])
+        );
+        let server = super::super::ServerInfo {
+            backend_pid: 777,
+            server_version: "17.2".into(),
+            fresh: false,
+        };
+        let (_, ctx) = start(&h, &client(), &mut vars, Some(server)).await;
+        assert_eq!(
+            ctx.params,
+            set(&[("reason", "discard_all"), ("server", "777/17.2/false")])
+        );
+        let (_, ctx) = start(&h, &client(), &mut vars, None).await;
+        assert_eq!(
+            ctx.params,
+            set(&[("reason", "discard_all"), ("server", "nil/nil/nil")])
+        );
+    }
+
+    #[tokio::test]
+    async fn decisions_come_back_in_order() {
+        let h = hook(
+            r#"
+function client_connection(ctx)
+  ctx:set("a", 1)
+  ctx:notice("first")
+  ctx:set("b", true)
+  ctx:notice(2.5)
+  ctx:reject("not this one")
+  ctx:reject("go away", { sqlstate = "42501", detail = "d", hint = 7 })
+end
+function session_start(ctx)
+  ctx:set("search_path", "x, public")
+  ctx:notice("hello")
+end
+"#,
+        );
+        let mut vars = super::super::Vars::new();
+        let (r, ctx) = connect(&h, &client(), &mut vars).await;
+        assert_eq!(r, Ok(()));
+        assert_eq!(ctx.params, set(&[("a", "1"), ("b", "true")]));
+        assert_eq!(ctx.notices, ["first", "2.5"]);
+        let reject = ctx.reject.unwrap();
+        assert_eq!(
+            (
+                reject.message.as_str(),
+                reject.sqlstate.as_str(),
+                reject.detail.as_deref(),
+                reject.hint.as_deref(),
+                reject.hook.as_str()
+            ),
+            ("go away", "42501", Some("d"), Some("7"), "10-test.lua")
+        );
+        let (r, ctx) = start(&h, &client(), &mut vars, None).await;
+        assert_eq!(r, Ok(()));
+        assert_eq!(ctx.params, set(&[("search_path", "x, public")]));
+        assert_eq!(ctx.notices, ["hello"]);
+        let h = hook("function client_connection(ctx) ctx:reject('no') end");
+        let (_, ctx) = connect(&h, &client(), &mut vars).await;
+        let reject = ctx.reject.unwrap();
+        assert_eq!(
+            (reject.sqlstate.as_str(), reject.detail, reject.hint),
+            ("28000", None, None)
+        );
+    }
+
+    #[tokio::test]
+    async fn vars_follow_the_client_between_events() {
+        use super::super::VarValue;
+        let h = hook(
+            r#"
+function client_connection(ctx)
+  ctx.vars.s = "text"
+  ctx.vars.i = 41 + 1
+  ctx.vars.n = 0.1 + 0.2
+  ctx.vars.big = 2^53
+  ctx.vars.b = false
+  ctx.vars[7] = "seven"
+end
+function session_start(ctx)
+  ctx:set("check", tostring(ctx.vars.n == 0.3) .. " " .. math.type(ctx.vars.i) .. " " ..
+    math.type(ctx.vars.n) .. " " .. tostring(ctx.vars.b) .. " " .. tostring(ctx.vars["7"]) .. " " ..
+    tostring(ctx.vars.big))
+  ctx.vars.i = ctx.vars.i + 1
+  ctx.vars.s = nil
+end
+"#,
+        );
+        let mut vars = super::super::Vars::new();
+        vars.insert("old".into(), VarValue::Str("gone".into()));
+        let (r, _) = connect(&h, &client(), &mut vars).await;
+        assert_eq!(r, Ok(()));
+        assert_eq!(
+            vars,
+            [
+                ("7".to_string(), VarValue::Str("seven".into())),
+                ("b".to_string(), VarValue::Bool(false)),
+                ("big".to_string(), VarValue::Num(9007199254741000.0)), // through "%.14g"
+                ("i".to_string(), VarValue::Int(42)),
+                ("n".to_string(), VarValue::Num(0.3)),
+                ("old".to_string(), VarValue::Str("gone".into())),
+                ("s".to_string(), VarValue::Str("text".into())),
+            ]
+            .into_iter()
+            .collect()
+        );
+        let (r, ctx) = start(&h, &client(), &mut vars, None).await;
+        assert_eq!(r, Ok(()));
+        assert_eq!(
+            ctx.params,
+            set(&[("check", "true integer float false seven 9007199254741000")])
+        );
+        assert_eq!(vars.get("i"), Some(&VarValue::Int(43)));
+        assert_eq!(vars.get("s"), None);
+        assert_eq!(vars.len(), 6);
+    }
+
+    #[tokio::test]
+    async fn vars_a_hook_never_read_are_kept() {
+        use super::super::VarValue;
+        let mut vars = super::super::Vars::new();
+        vars.insert("team".into(), VarValue::Str("payments".into()));
+        for code in [
+            "function client_connection(ctx) end",
+            "function client_connection(ctx) ctx:set('a', 'b') end",
+            // Assigned without being read: ignored, as before.
+            "function client_connection(ctx) ctx.vars = { other = 1 } end",
+            "function client_connection(ctx) local u = ctx.user end",
+        ] {
+            let (r, _) = connect(&hook(code), &client(), &mut vars).await;
+            assert_eq!(r, Ok(()), "{code}");
+            assert_eq!(vars.len(), 1, "{code}");
+        }
+        let code = "function client_connection(ctx) local u = ctx.user; ctx.vars = nil end";
+        let (r, _) = connect(&hook(code), &client(), &mut vars).await;
+        assert_eq!(r, Ok(()));
+        assert!(vars.is_empty());
+    }
+
+    #[tokio::test]
+    async fn misuse_of_ctx_is_an_error_naming_the_line() {
+        let cases = [
+            (
+                "function session_start(ctx)\n  ctx:reject('no')\nend",
+                "[string \"/",
+            ),
+            (
+                "function session_start(ctx)\n  ctx:exec('SELECT 1')\nend",
+                "ctx:exec is only available in session mode",
+            ),
+            (
+                "function client_connection(ctx)\n  ctx:reject('no', { sqlstate = 'x' })\nend",
+                "ctx:reject: sqlstate must be five characters 0-9/A-Z, got x",
+            ),
+            (
+                "function client_connection(ctx)\n  error('plain', 2)\nend",
+                "plain",
+            ),
+            ("function client_connection(ctx)\n  error({})\nend", ""),
+        ];
+        let mut vars = super::super::Vars::new();
+        for (code, _) in cases {
+            let h = hook(code);
+            let r = if code.contains("session_start") {
+                start(&h, &client(), &mut vars, None).await.0
+            } else {
+                connect(&h, &client(), &mut vars).await.0
+            };
+            let Err(HookError::Failed(message)) = r else {
+                panic!("{code}: {r:?}")
+            };
+            eprintln!("{code}: {message}");
+        }
+        let h = hook("function session_start(ctx)\n  ctx:reject('no')\nend");
+        let (r, _) = start(&h, &client(), &mut vars, None).await;
+        let Err(HookError::Failed(m)) = r else {
+            panic!()
+        };
+        assert!(
+            m.ends_with("10-test.lua:2: ctx:reject is not available in session_start"),
+            "{m}"
+        );
+        let h = hook("function client_connection(ctx)\n  error('plain', 2)\nend");
+        let (r, _) = connect(&h, &client(), &mut vars).await;
+        assert_eq!(r, Err(HookError::Failed("runtime error: plain".into())));
+        let h = hook("function client_connection(ctx) ctx.vars.t = {} end");
+        let (r, _) = connect(&h, &client(), &mut vars).await;
+        let Err(HookError::Failed(m)) = r else {
+            panic!()
+        };
+        eprintln!("bad var: {m:?}");
+        assert!(
+            m.contains("ctx.vars.t: only strings, numbers and booleans are kept, got table"),
+            "{m}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_ctx_kept_past_its_call_still_reads_but_decides_nothing() {
+        let h = hook(
+            r#"
+local kept
+function client_connection(ctx)
+  if kept == nil then kept = ctx return end
+  kept:set("late", "x")
+  kept:notice("late")
+  ctx:set("user_of_kept", kept.user)
+end
+"#,
+        );
+        let mut vars = super::super::Vars::new();
+        let (r, ctx) = connect(&h, &client(), &mut vars).await;
+        assert_eq!((r, ctx.params.len()), (Ok(()), 0));
+        let mut bob = client();
+        bob.user = "bob".into();
+        let (r, ctx) = connect(&h, &bob, &mut vars).await;
+        assert_eq!(r, Ok(()));
+        assert_eq!(ctx.params, set(&[("user_of_kept", "alice")]));
+        assert!(ctx.notices.is_empty());
+    }
+
     #[tokio::test]
     async fn the_sandbox_has_no_io_os_or_load() {
         let e = engine(

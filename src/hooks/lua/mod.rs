@@ -180,7 +180,7 @@ impl LuaEngine {
             .map(|i| {
                 Event::ALL
                     .into_iter()
-                    .filter(|e| first.handler(i, e.name()).is_some())
+                    .filter(|e| first.handler(i, *e).is_some())
                     .collect()
             })
             .collect();
@@ -230,32 +230,40 @@ impl LuaEngine {
         }
     }
 
-    /// Calls file `index`'s handler for `event` with a ctx built by `fill`,
-    /// then lets `collect` read the ctx back. Runs under the time budget; a
-    /// VM that ran out of time or memory is dropped.
+    /// Calls file `index`'s handler for `event` through the prelude's `run`
+    /// (which builds the ctx: the client's fields from one string, unpacked
+    /// on first use, and the table of further `fields`), then lets
+    /// `collect` read the decisions back. Runs under the time budget; a VM
+    /// that ran out of time or memory is dropped.
     async fn call<T>(
         &self,
         index: usize,
         event: Event,
         client: Option<(&super::ClientInfo, &super::Vars)>,
         reason: Option<super::SessionReason>,
-        fill: impl FnOnce(&mlua::Lua, &mlua::Table) -> mlua::Result<()>,
-        collect: impl FnOnce(&Vm, &mlua::Table) -> mlua::Result<T>,
+        fields: impl FnOnce(&mlua::Lua) -> mlua::Result<Option<mlua::Table>>,
+        collect: impl FnOnce(&Vm) -> mlua::Result<T>,
     ) -> Result<T, HookError> {
         let vm = self.checkout()?;
-        let Some(handler) = vm.handler(index, event.name()) else {
+        let Some(handler) = vm.handler(index, event) else {
             self.checkin(vm);
             return Err(HookError::Failed(format!("no {} handler", event.name())));
         };
         let failed = |e: mlua::Error| HookError::Failed(e.to_string());
-        let ctx = convert::new_ctx(&vm, event, client, reason).map_err(failed)?;
-        fill(&vm.lua, &ctx).map_err(failed)?;
+        let blob = client.map(|(c, vars)| convert::client_blob(c, vars));
+        let fields = fields(&vm.lua).map_err(failed)?;
         let deadline = Instant::now() + self.settings.timeout;
         if let Some(budget) = vm.lua.app_data_ref::<Budget>() {
             budget.start(deadline);
         }
-        let outcome =
-            tokio::time::timeout_at(deadline.into(), handler.call_async::<()>(ctx.clone())).await;
+        let call = vm.run.call_async::<()>((
+            handler,
+            &vm.names.events[event as usize],
+            blob.as_deref(),
+            reason.map(|r| vm.names.reason(r)),
+            fields,
+        ));
+        let outcome = tokio::time::timeout_at(deadline.into(), call).await;
         let exceeded = vm.lua.app_data_ref::<Budget>().is_some_and(|b| {
             b.stop();
             b.was_exceeded()
@@ -269,7 +277,7 @@ impl LuaEngine {
                 Err(HookError::Failed(first_line(&e)))
             }
             Ok(Ok(())) => {
-                let result = collect(&vm, &ctx).map_err(|e| HookError::Failed(e.to_string()));
+                let result = collect(&vm).map_err(|e| HookError::Failed(e.to_string()));
                 self.checkin(vm);
                 result
             }
@@ -315,23 +323,21 @@ impl Hook for LuaFileHook {
                 Event::AuthAttempt,
                 None,
                 None,
-                |lua, ctx| convert::fill_auth_attempt(lua, ctx, attempt),
-                |_, _| Ok(()),
+                |lua| convert::auth_attempt_fields(lua, attempt),
+                |_| Ok(()),
             )
             .await
     }
 
     async fn client_connection(&self, ctx: &mut ConnectionCtx<'_>) -> Result<(), HookError> {
-        let client = ctx.client;
-        let vars = ctx.vars.clone();
         let out = self
             .engine
             .call(
                 self.index,
                 Event::ClientConnection,
-                Some((client, &vars)),
+                Some((ctx.client, ctx.vars)),
                 None,
-                |_, _| Ok(()),
+                |_| Ok(None),
                 convert::collect,
             )
             .await?;
@@ -348,16 +354,14 @@ impl Hook for LuaFileHook {
     }
 
     async fn session_start(&self, ctx: &mut SessionCtx<'_>) -> Result<(), HookError> {
-        let (client, reason, server) = (ctx.client, ctx.reason, ctx.server.clone());
-        let vars = ctx.vars.clone();
         let out = self
             .engine
             .call(
                 self.index,
                 Event::SessionStart,
-                Some((client, &vars)),
-                Some(reason),
-                |lua, t| convert::fill_session(lua, t, server.as_ref()),
+                Some((ctx.client, ctx.vars)),
+                Some(ctx.reason),
+                |lua| convert::session_fields(lua, ctx.server.as_ref()),
                 convert::collect,
             )
             .await?;
@@ -378,8 +382,12 @@ impl Hook for LuaFileHook {
                 Event::SessionEnd,
                 Some((client, vars)),
                 None,
-                |_, t| t.raw_set("duration_ms", duration.as_millis() as i64),
-                |_, _| Ok(()),
+                |lua| {
+                    let t = lua.create_table()?;
+                    t.raw_set("duration_ms", duration.as_millis() as i64)?;
+                    Ok(Some(t))
+                },
+                |_| Ok(()),
             )
             .await
     }
@@ -408,14 +416,7 @@ mod tests {
 
     async fn run(engine: &Arc<LuaEngine>) -> Result<(), HookError> {
         engine
-            .call(
-                0,
-                Event::AuthAttempt,
-                None,
-                None,
-                |_, _| Ok(()),
-                |_, _| Ok(()),
-            )
+            .call(0, Event::AuthAttempt, None, None, |_| Ok(None), |_| Ok(()))
             .await
     }
 

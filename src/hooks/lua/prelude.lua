@@ -1,12 +1,33 @@
--- Loaded into every hook VM before the hook files: the methods of `ctx`.
--- Results are collected in fields the engine reads back after each call.
+-- Loaded into every hook VM before the hook files: the methods of `ctx`
+-- and `run`, through which the engine calls every handler. Decisions are
+-- kept in fields of the ctx (`_set`, `_exec`, `_notices`: flat lists made
+-- on first use; `_reject`); the engine reads them back after the call, and
+-- only when `state[2]` says the ctx may hold any.
 local Ctx = {}
 
-local function allowed_in(ctx, what, ...)
-  for _, event in ipairs({ ... }) do
-    if ctx.event == event then return end
-  end
+-- The call in progress: [1] its ctx, [2] true once that ctx may hold
+-- decisions (a method recorded one, or the client fields were unpacked, so
+-- vars may have changed). A ctx kept past its call still records into its
+-- own fields, which nobody reads.
+local state = {}
+
+local function allowed_in(ctx, what, first, second)
+  local event = ctx.event
+  if event == first or (second ~= nil and event == second) then return end
   error(what .. " is not available in " .. ctx.event, 3)
+end
+
+--- Appends to one of the ctx's lists, making it on first use.
+local function append(ctx, key, a, b)
+  local list = rawget(ctx, key)
+  if list == nil then
+    list = {}
+    rawset(ctx, key, list)
+  end
+  local n = #list
+  list[n + 1] = a
+  if b ~= nil then list[n + 2] = b end
+  state[2] = true
 end
 
 --- Refuse the client (client_connection only).
@@ -23,12 +44,14 @@ function Ctx:reject(message, opts)
     detail = opts.detail and tostring(opts.detail) or nil,
     hint = opts.hint and tostring(opts.hint) or nil,
   })
+  state[2] = true
 end
 
 --- Set a session parameter, applied on every server connection the session uses.
 function Ctx:set(name, value)
   allowed_in(self, "ctx:set", "client_connection", "session_start")
-  table.insert(self._set, { tostring(name), tostring(value) })
+  name = tostring(name)
+  append(self, "_set", name, tostring(value))
 end
 
 --- Run a statement on the session's server connection (session mode, session_start).
@@ -37,38 +60,37 @@ function Ctx:exec(sql)
   if self.pool_mode ~= "session" then
     error("ctx:exec is only available in session mode", 2)
   end
-  table.insert(self._exec, tostring(sql))
+  append(self, "_exec", tostring(sql))
 end
 
 --- Send the client a NOTICE.
 function Ctx:notice(message)
   allowed_in(self, "ctx:notice", "client_connection", "session_start")
-  table.insert(self._notices, tostring(message))
+  append(self, "_notices", tostring(message))
 end
 
--- Crossing between Rust and Lua costs a protected call per value, so a
--- ctx goes in, and the decisions come out, as one string each: a list of
--- "<length>:<bytes>" items.
+-- A ctx's client fields go in as one string, built by the engine: a list
+-- of "<length>:<bytes>" items, then the startup parameters as on the wire
+-- ("name\0value\0" pairs). It is unpacked on first use: a hook that never
+-- looks at them (or an event without a client) pays nothing for them.
 
-local function decode(blob)
-  local out, n, pos = {}, 0, 1
-  while pos <= #blob do
-    local colon = string.find(blob, ":", pos, true)
-    local len = tonumber(string.sub(blob, pos, colon - 1))
-    n = n + 1
-    out[n] = string.sub(blob, colon + 1, colon + len)
-    pos = colon + len + 1
-  end
-  return out, n
-end
+local find, sub, gmatch, tointeger = string.find, string.sub, string.gmatch, math.tointeger
 
---- Fills a ctx's client fields from its blob. The blob holds: id, user,
+--- Fills a ctx's client fields from its blob. The items are: id, user,
 --- database, application_name, client_addr, client_port, auth_method,
 --- pool_mode, tls version, cipher, client certificate subject ("" when
---- absent), the number of startup parameters, their key/value pairs, then
---- the vars as type/key/value triples (type "s", "i", "n" or "b").
+--- absent), the number of vars, then the vars as type/key/value triples
+--- (type "s", "i", "n" or "b"); the startup parameters follow.
 local function unpack_client(ctx, blob)
-  local a, n = decode(blob)
+  local a, n, count, pos = {}, 0, 12, 1
+  while n < count do
+    local colon = find(blob, ":", pos, true)
+    local len = tonumber(sub(blob, pos, colon - 1))
+    n = n + 1
+    a[n] = sub(blob, colon + 1, colon + len)
+    pos = colon + len + 1
+    if n == 12 then count = 12 + tonumber(a[12]) * 3 end
+  end
   rawset(ctx, "id", tonumber(a[1]))
   rawset(ctx, "user", a[2])
   rawset(ctx, "database", a[3])
@@ -81,43 +103,46 @@ local function unpack_client(ctx, blob)
     rawset(ctx, "tls", { version = a[9], cipher = a[10], client_cert_subject = a[11] ~= "" and a[11] or nil })
   end
   local startup, vars = {}, {}
-  local last = 12 + tonumber(a[12]) * 2
-  for i = 13, last, 2 do startup[a[i]] = a[i + 1] end
-  for i = last + 1, n, 3 do
+  for i = 13, n, 3 do
     local kind, key, value = a[i], a[i + 1], a[i + 2]
-    if kind == "i" then value = math.tointeger(tonumber(value))
+    if kind == "i" then value = tointeger(tonumber(value))
     elseif kind == "n" then value = tonumber(value)
     elseif kind == "b" then value = value == "true" end
     vars[key] = value
   end
+  for k, v in gmatch(sub(blob, pos), "([^\0]*)\0([^\0]*)\0") do startup[k] = v end
   rawset(ctx, "startup", startup)
   rawset(ctx, "vars", vars)
 end
 
--- A ctx unpacks its client fields on first use: a hook that never looks
--- at them (or an event without a client) pays nothing for them.
 Ctx.__index = function(ctx, key)
   local method = Ctx[key]
   if method ~= nil then return method end
   local blob = rawget(ctx, "_blob")
   if blob == nil then return nil end
   rawset(ctx, "_blob", nil)
+  state[2] = true
   unpack_client(ctx, blob)
   return rawget(ctx, key)
 end
 
---- Builds a ctx; an empty blob means an event without a client. `reason`
---- is session_start's (nil for other events).
-local function build(event, blob, reason)
-  return setmetatable({ event = event, reason = reason, _set = {}, _exec = {}, _notices = {},
-                        _blob = blob ~= "" and blob or nil }, Ctx)
+--- Calls `handler` with a fresh ctx: `blob` holds the client's fields (nil
+--- for an event without a client), `reason` is session_start's, `fields`
+--- a table of further fields (or nil). A tail call: the handler's stack
+--- levels are those of a direct call from the engine.
+local function run(handler, event, blob, reason, fields)
+  local ctx = setmetatable({ event = event, reason = reason, _blob = blob }, Ctx)
+  if fields ~= nil then
+    for k, v in next, fields do rawset(ctx, k, v) end
+  end
+  state[1], state[2] = ctx, false
+  return handler(ctx)
 end
 
---- What the hook decided, as one blob of tagged items: "S" name value
---- (ctx:set), "E" sql, "N" notice, "R" message sqlstate detail hint (""
---- when absent), "V" type key value (ctx.vars), "K" (vars untouched: keep
---- them).
-local function summarize(ctx)
+--- The vars as one blob of type/key/value items, for vars the engine does
+--- not read itself (a metatable, keys other than strings, values other
+--- than strings, integers and booleans).
+local function encode_vars(vars)
   local parts, n = {}, 0
   local function add(...)
     for i = 1, select("#", ...) do
@@ -126,25 +151,15 @@ local function summarize(ctx)
       parts[n] = #s .. ":" .. s
     end
   end
-  for _, p in ipairs(ctx._set) do add("S", p[1], p[2]) end
-  for _, s in ipairs(ctx._exec) do add("E", s) end
-  for _, s in ipairs(ctx._notices) do add("N", s) end
-  local r = rawget(ctx, "_reject")
-  if r then add("R", r.message, r.sqlstate or "", r.detail or "", r.hint or "") end
-  -- Vars never unpacked were not changed: the caller keeps its own.
-  if rawget(ctx, "_blob") ~= nil then add("K") end
-  local vars = rawget(ctx, "vars")
-  if type(vars) == "table" then
-    for k, v in pairs(vars) do
-      local t = type(v)
-      if t == "string" then add("V", "s", k, v)
-      elseif math.type(v) == "integer" then add("V", "i", k, v)
-      elseif t == "number" then add("V", "n", k, v)
-      elseif t == "boolean" then add("V", "b", k, v)
-      else error("ctx.vars." .. tostring(k) .. ": only strings, numbers and booleans are kept, got " .. t, 0) end
-    end
+  for k, v in pairs(vars) do
+    local t = type(v)
+    if t == "string" then add("s", k, v)
+    elseif math.type(v) == "integer" then add("i", k, v)
+    elseif t == "number" then add("n", k, v)
+    elseif t == "boolean" then add("b", k, v)
+    else error("ctx.vars." .. tostring(k) .. ": only strings, numbers and booleans are kept, got " .. t, 0) end
   end
   return table.concat(parts)
 end
 
-return Ctx, build, summarize
+return Ctx, state, run, encode_vars

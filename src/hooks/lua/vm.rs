@@ -9,8 +9,9 @@
 
 use super::api;
 use super::LuaServices;
+use crate::hooks::{Event, SessionReason};
 use mlua::chunk::ChunkMode;
-use mlua::{Function, HookTriggers, Lua, LuaOptions, StdLib, Table, Value, VmState};
+use mlua::{Function, HookTriggers, Lua, LuaOptions, LuaString, StdLib, Table, Value, VmState};
 use parking_lot::Mutex;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -100,9 +101,60 @@ pub(super) enum VmError {
 pub(super) struct Vm {
     pub lua: Lua,
     pub files: Vec<Table>,
-    /// The prelude's ctx builder and summarizer (see prelude.lua).
-    pub ctx_build: Function,
-    pub ctx_summarize: Function,
+    /// The prelude's call wrapper, its record of the call in progress and
+    /// its vars encoder (see prelude.lua).
+    pub run: Function,
+    pub state: Table,
+    pub encode_vars: Function,
+    /// Strings passed or looked up on every call, made once.
+    pub names: Names,
+}
+
+/// Lua strings the engine uses on every call.
+pub(super) struct Names {
+    /// Per [`Event`] (its index).
+    pub events: [LuaString; 4],
+    /// Per [`SessionReason`].
+    pub reasons: [LuaString; 3],
+    pub set: LuaString,
+    pub exec: LuaString,
+    pub notices: LuaString,
+    pub reject: LuaString,
+    pub blob: LuaString,
+    pub vars: LuaString,
+}
+
+impl Names {
+    fn new(lua: &Lua) -> mlua::Result<Names> {
+        let s = |text: &str| lua.create_string(text);
+        Ok(Names {
+            events: [
+                s(Event::AuthAttempt.name())?,
+                s(Event::ClientConnection.name())?,
+                s(Event::SessionStart.name())?,
+                s(Event::SessionEnd.name())?,
+            ],
+            reasons: [
+                s(SessionReason::NewSession.as_str())?,
+                s(SessionReason::DiscardAll.as_str())?,
+                s(SessionReason::ReusedServer.as_str())?,
+            ],
+            set: s("_set")?,
+            exec: s("_exec")?,
+            notices: s("_notices")?,
+            reject: s("_reject")?,
+            blob: s("_blob")?,
+            vars: s("vars")?,
+        })
+    }
+
+    pub fn reason(&self, reason: SessionReason) -> &LuaString {
+        &self.reasons[match reason {
+            SessionReason::NewSession => 0,
+            SessionReason::DiscardAll => 1,
+            SessionReason::ReusedServer => 2,
+        }]
+    }
 }
 
 impl Vm {
@@ -141,12 +193,13 @@ impl Vm {
             },
         )?;
         let base = sandbox(&lua, dir, services).map_err(VmError::Sandbox)?;
-        let (_ctx_meta, ctx_build, ctx_summarize): (Table, Function, Function) = lua
+        let (_ctx_meta, state, run, encode_vars): (Table, Table, Function, Function) = lua
             .load(include_str!("prelude.lua"))
             .set_name("=usher prelude")
             .set_environment(base.clone())
             .eval()
             .map_err(VmError::Prelude)?;
+        let names = Names::new(&lua).map_err(VmError::Prelude)?;
         // Limit memory only once the sandbox exists, so the limit bounds what
         // hooks allocate rather than usher's own set-up.
         let mut files = Vec::with_capacity(sources.len());
@@ -166,14 +219,18 @@ impl Vm {
         Ok(Vm {
             lua,
             files,
-            ctx_build,
-            ctx_summarize,
+            run,
+            state,
+            encode_vars,
+            names,
         })
     }
 
-    /// The handler of `event` in file `index`, if the file defines one.
-    pub fn handler(&self, index: usize, event: &str) -> Option<Function> {
-        match self.files.get(index)?.raw_get::<Value>(event) {
+    /// The handler of `event` in file `index`, if the file defines one: its
+    /// global of that name now (a hook may replace its handlers).
+    pub fn handler(&self, index: usize, event: Event) -> Option<Function> {
+        let name = &self.names.events[event as usize];
+        match self.files.get(index)?.raw_get::<Value>(name) {
             Ok(Value::Function(f)) => Some(f),
             _ => None,
         }

@@ -18,99 +18,92 @@ pub(super) struct Collected {
 }
 
 /// Appends one "<length>:<bytes>" item (see prelude.lua).
-fn item(blob: &mut String, s: &str) {
+fn item(blob: &mut Vec<u8>, s: &[u8]) {
     push_uint(blob, s.len() as u64);
-    blob.push(':');
-    blob.push_str(s);
+    blob.push(b':');
+    blob.extend_from_slice(s);
 }
 
 /// Appends `n` in decimal, without the formatting machinery.
-fn push_uint(blob: &mut String, n: u64) {
+fn push_uint(blob: &mut Vec<u8>, n: u64) {
     let mut digits = [0u8; 20];
-    blob.push_str(uint(&mut digits, n));
+    blob.extend_from_slice(uint(&mut digits, n));
 }
 
-/// `n` in decimal, written into `digits`.
-fn uint(digits: &mut [u8; 20], mut n: u64) -> &str {
+/// An item holding `n` in decimal.
+fn uint_item(blob: &mut Vec<u8>, n: u64) {
+    let mut digits = [0u8; 20];
+    item(blob, uint(&mut digits, n));
+}
+
+/// `n` in decimal, written into the end of `digits`.
+fn uint(digits: &mut [u8; 20], mut n: u64) -> &[u8] {
     let mut i = digits.len();
     loop {
         i -= 1;
         digits[i] = b'0' + (n % 10) as u8;
         n /= 10;
         if n == 0 {
-            break;
+            return &digits[i..];
         }
     }
-    std::str::from_utf8(&digits[i..]).unwrap_or("0")
 }
 
 /// The client's fields as the one string a ctx unpacks on first use (see
 /// prelude.lua's unpack_client).
 pub(super) fn client_blob(c: &ClientInfo, vars: &Vars) -> String {
     let startup = c.startup.packed();
-    let mut blob = String::with_capacity(160 + startup.len());
-    let mut digits = [0u8; 20];
-    item(&mut blob, uint(&mut digits, c.id.into()));
-    item(&mut blob, &c.user);
-    item(&mut blob, &c.database);
-    item(&mut blob, &c.application_name);
+    let mut blob = Vec::with_capacity(128 + startup.len());
+    uint_item(&mut blob, c.id.into());
+    item(&mut blob, c.user.as_bytes());
+    item(&mut blob, c.database.as_bytes());
+    item(&mut blob, c.application_name.as_bytes());
     match c.addr.ip() {
         std::net::IpAddr::V4(ip) => {
-            let mut text = String::with_capacity(15);
+            let mut text = Vec::with_capacity(15);
             for (i, octet) in ip.octets().into_iter().enumerate() {
                 if i > 0 {
-                    text.push('.');
+                    text.push(b'.');
                 }
                 push_uint(&mut text, octet.into());
             }
             item(&mut blob, &text);
         }
-        ip => item(&mut blob, &ip.to_string()),
+        ip => item(&mut blob, ip.to_string().as_bytes()),
     }
-    item(&mut blob, uint(&mut digits, c.addr.port().into()));
-    item(&mut blob, c.auth_method);
+    uint_item(&mut blob, c.addr.port().into());
+    item(&mut blob, c.auth_method.as_bytes());
     item(
         &mut blob,
         match c.pool_mode {
-            PoolMode::Session => "session",
-            PoolMode::Transaction => "transaction",
+            PoolMode::Session => b"session",
+            PoolMode::Transaction => b"transaction",
         },
     );
     let tls = c.tls.as_ref();
-    item(&mut blob, tls.map_or("", |t| t.version.as_str()));
-    item(&mut blob, tls.map_or("", |t| t.cipher.as_str()));
+    item(&mut blob, tls.map_or("", |t| t.version.as_str()).as_bytes());
+    item(&mut blob, tls.map_or("", |t| t.cipher.as_str()).as_bytes());
     item(
         &mut blob,
         tls.and_then(|t| t.client_cert_subject.as_deref())
-            .unwrap_or(""),
+            .unwrap_or("")
+            .as_bytes(),
     );
-    item(&mut blob, uint(&mut digits, vars.len() as u64));
+    uint_item(&mut blob, vars.len() as u64);
     for (k, v) in vars {
-        match v {
-            VarValue::Str(s) => {
-                item(&mut blob, "s");
-                item(&mut blob, k);
-                item(&mut blob, s);
-            }
-            VarValue::Int(i) => {
-                item(&mut blob, "i");
-                item(&mut blob, k);
-                item(&mut blob, &i.to_string());
-            }
-            VarValue::Num(n) => {
-                item(&mut blob, "n");
-                item(&mut blob, k);
-                item(&mut blob, &n.to_string());
-            }
-            VarValue::Bool(b) => {
-                item(&mut blob, "b");
-                item(&mut blob, k);
-                item(&mut blob, if *b { "true" } else { "false" });
-            }
-        }
+        let (kind, text): (&[u8], std::borrow::Cow<str>) = match v {
+            VarValue::Str(s) => (b"s", s.as_str().into()),
+            VarValue::Int(i) => (b"i", i.to_string().into()),
+            VarValue::Num(n) => (b"n", n.to_string().into()),
+            VarValue::Bool(b) => (b"b", if *b { "true" } else { "false" }.into()),
+        };
+        item(&mut blob, kind);
+        item(&mut blob, k.as_bytes());
+        item(&mut blob, text.as_bytes());
     }
-    blob.push_str(startup);
-    blob
+    blob.extend_from_slice(startup.as_bytes());
+    // Only whole strings and ASCII went in.
+    String::from_utf8(blob).unwrap_or_default()
 }
 
 /// session_start's `server` field, as a table of ctx fields.
@@ -165,8 +158,8 @@ fn items(blob: &[u8]) -> mlua::Result<Vec<String>> {
     Ok(out)
 }
 
-/// Reads the decisions out of the ctx of the call that just ran, if it
-/// may hold any (see prelude.lua's `state`).
+/// Reads the decisions of the call that just ran, recorded by the
+/// prelude's ctx methods (see prelude.lua's `state`).
 pub(super) fn collect(vm: &Vm) -> mlua::Result<Collected> {
     let mut out = Collected {
         vars: None,
@@ -175,53 +168,55 @@ pub(super) fn collect(vm: &Vm) -> mlua::Result<Collected> {
         notices: Vec::new(),
         reject: None,
     };
-    if !vm.state.raw_get::<bool>(2)? {
+    let Value::String(last) = vm.state.raw_get::<Value>(2)? else {
         return Ok(out);
-    }
-    let ctx: Table = vm.state.raw_get(1)?;
-    let n = &vm.names;
-    if let Some(list) = ctx.raw_get::<Option<Table>>(&n.set)? {
-        let mut values = strings(&list)?.into_iter();
-        while let (Some(name), Some(value)) = (values.next(), values.next()) {
-            out.params.push((name, value));
+    };
+    let mut records = Vec::new();
+    if let Some(chunks) = vm.state.raw_get::<Option<Table>>(3)? {
+        for i in 1..=chunks.raw_len() {
+            records.push(chunks.raw_get::<LuaString>(i)?);
         }
     }
-    if let Some(list) = ctx.raw_get::<Option<Table>>(&n.exec)? {
-        out.exec = strings(&list)?;
-    }
-    if let Some(list) = ctx.raw_get::<Option<Table>>(&n.notices)? {
-        out.notices = strings(&list)?;
-    }
-    if let Some(r) = ctx.raw_get::<Option<Table>>(&n.reject)? {
-        let field = |key: &str| -> mlua::Result<Option<String>> {
-            Ok(r.raw_get::<Option<LuaString>>(key)?
-                .map(|s| s.to_string_lossy())
-                .filter(|s| !s.is_empty()))
+    records.push(last);
+    for record in &records {
+        let mut it = items(&record.as_bytes())?.into_iter();
+        let mut next = || {
+            it.next()
+                .ok_or_else(|| mlua::Error::runtime("truncated hook record"))
         };
-        out.reject = Some(Rejection {
-            message: field("message")?.unwrap_or_default(),
-            sqlstate: field("sqlstate")?
-                .unwrap_or_else(|| sqlstate::INVALID_AUTHORIZATION.to_string()),
-            detail: field("detail")?,
-            hint: field("hint")?,
-            hook: String::new(),
-        });
-    }
-    // Vars never unpacked were not changed: the caller keeps its own.
-    if ctx.raw_get::<Value>(&n.blob)?.is_nil() {
-        out.vars = Some(match ctx.raw_get::<Value>(&n.vars)? {
-            Value::Table(t) => read_vars(vm, &t)?,
-            _ => Vars::new(),
-        });
-    }
-    Ok(out)
-}
-
-/// The strings of a list the prelude made.
-fn strings(list: &Table) -> mlua::Result<Vec<String>> {
-    let mut out = Vec::with_capacity(list.raw_len());
-    for i in 1..=list.raw_len() {
-        out.push(list.raw_get::<LuaString>(i)?.to_string_lossy());
+        while let Ok(tag) = next() {
+            match tag.as_str() {
+                "S" => out.params.push((next()?, next()?)),
+                "E" => out.exec.push(next()?),
+                "N" => out.notices.push(next()?),
+                "R" => {
+                    let (message, code, detail, hint) = (next()?, next()?, next()?, next()?);
+                    let some = |s: String| (!s.is_empty()).then_some(s);
+                    out.reject = Some(Rejection {
+                        message,
+                        sqlstate: some(code)
+                            .unwrap_or_else(|| sqlstate::INVALID_AUTHORIZATION.to_string()),
+                        detail: some(detail),
+                        hint: some(hint),
+                        hook: String::new(),
+                    });
+                }
+                "U" => {
+                    // Unpacked: ctx.vars is what the hook left (vars never
+                    // unpacked were not changed: the caller keeps its own).
+                    let ctx: Table = vm.state.raw_get(1)?;
+                    out.vars = Some(match ctx.raw_get::<Value>(&vm.names.vars)? {
+                        Value::Table(t) => read_vars(vm, &t)?,
+                        _ => Vars::new(),
+                    });
+                }
+                other => {
+                    return Err(mlua::Error::runtime(format!(
+                        "unknown hook record item {other}"
+                    )))
+                }
+            }
+        }
     }
     Ok(out)
 }

@@ -24,7 +24,7 @@ use parking_lot::Mutex;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use vm::{Budget, Vm};
+use vm::Vm;
 
 /// What hooks can reach beyond their VM; lives across reloads.
 #[derive(Debug)]
@@ -253,9 +253,7 @@ impl LuaEngine {
         let blob = client.map(|(c, vars)| convert::client_blob(c, vars));
         let fields = fields(&vm.lua).map_err(failed)?;
         let deadline = Instant::now() + self.settings.timeout;
-        if let Some(budget) = vm.lua.app_data_ref::<Budget>() {
-            budget.start(deadline);
-        }
+        vm.budget.start(deadline);
         let call = vm.run.call_async::<()>((
             handler,
             &vm.names.events[event as usize],
@@ -264,10 +262,8 @@ impl LuaEngine {
             fields,
         ));
         let outcome = tokio::time::timeout_at(deadline.into(), call).await;
-        let exceeded = vm.lua.app_data_ref::<Budget>().is_some_and(|b| {
-            b.stop();
-            b.was_exceeded()
-        });
+        vm.budget.stop();
+        let exceeded = vm.budget.was_exceeded();
         match outcome {
             Err(_) => Err(HookError::Timeout), // an awaited call ran too long: drop the VM
             Ok(Err(_)) if exceeded => Err(HookError::Timeout),
@@ -779,6 +775,84 @@ end
         assert_eq!(r, Ok(()));
         assert_eq!(ctx.params, set(&[("user_of_kept", "alice")]));
         assert!(ctx.notices.is_empty());
+    }
+
+    #[tokio::test]
+    async fn many_decisions_keep_their_order() {
+        let h = hook(
+            r#"
+function client_connection(ctx)
+  for i = 1, 3000 do ctx:set("p" .. i, string.rep("v", i % 7)) end
+  for i = 1, 500 do ctx:notice("n" .. i) end
+  ctx:reject("last", { detail = string.rep("d", 5000) })
+end
+"#,
+        );
+        let mut vars = super::super::Vars::new();
+        let (r, ctx) = connect(&h, &client(), &mut vars).await;
+        assert_eq!(r, Ok(()));
+        assert_eq!(ctx.params.len(), 3000);
+        for (i, (k, v)) in ctx.params.iter().enumerate() {
+            let n = i + 1;
+            assert_eq!((k.clone(), v.len()), (format!("p{n}"), n % 7));
+        }
+        let notices: Vec<String> = (1..=500).map(|i| format!("n{i}")).collect();
+        assert_eq!(ctx.notices, notices);
+        let reject = ctx.reject.unwrap();
+        assert_eq!(
+            (reject.message.as_str(), reject.detail.map(|d| d.len())),
+            ("last", Some(5000))
+        );
+    }
+
+    #[tokio::test]
+    async fn exec_in_session_mode_and_vars_with_a_metatable() {
+        use super::super::VarValue;
+        let h = hook(
+            r#"
+function session_start(ctx)
+  ctx:exec("SET x = 1")
+  ctx:set("a", "b")
+  ctx:exec(42)
+  ctx.vars = setmetatable({ k = "v", f = 1.5 }, { __index = function() return "dflt" end })
+  ctx:notice(ctx.vars.missing)
+end
+"#,
+        );
+        let mut c = client();
+        c.pool_mode = crate::config::PoolMode::Session;
+        let mut vars = super::super::Vars::new();
+        let (r, ctx) = start(&h, &c, &mut vars, None).await;
+        assert_eq!(r, Ok(()));
+        assert_eq!(ctx.exec, ["SET x = 1", "42"]);
+        assert_eq!(ctx.params, set(&[("a", "b")]));
+        assert_eq!(ctx.notices, ["dflt"]);
+        assert_eq!(
+            vars,
+            [
+                ("f".to_string(), VarValue::Num(1.5)),
+                ("k".to_string(), VarValue::Str("v".into()))
+            ]
+            .into_iter()
+            .collect()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_hook_may_replace_its_handler() {
+        let h = hook(
+            r#"
+function client_connection(ctx)
+  ctx:set("which", "first")
+  client_connection = function(ctx) ctx:set("which", "second") end
+end
+"#,
+        );
+        let mut vars = super::super::Vars::new();
+        let (_, ctx) = connect(&h, &client(), &mut vars).await;
+        assert_eq!(ctx.params, set(&[("which", "first")]));
+        let (_, ctx) = connect(&h, &client(), &mut vars).await;
+        assert_eq!(ctx.params, set(&[("which", "second")]));
     }
 
     #[tokio::test]

@@ -1,33 +1,37 @@
 -- Loaded into every hook VM before the hook files: the methods of `ctx`
--- and `run`, through which the engine calls every handler. Decisions are
--- kept in fields of the ctx (`_set`, `_exec`, `_notices`: flat lists made
--- on first use; `_reject`); the engine reads them back after the call, and
--- only when `state[2]` says the ctx may hold any.
+-- and `run`, through which the engine calls every handler.
 local Ctx = {}
 
--- The call in progress: [1] its ctx, [2] true once that ctx may hold
--- decisions (a method recorded one, or the client fields were unpacked, so
--- vars may have changed). A ctx kept past its call still records into its
--- own fields, which nobody reads.
+-- The call in progress: [1] its ctx; [2] what it decided so far, false
+-- for nothing: one string of "<length>:<bytes>" items, tagged "S" name
+-- value (ctx:set), "E" sql (ctx:exec), "N" message (ctx:notice), "R"
+-- message sqlstate detail hint ("" when absent; the last one counts), "U"
+-- (the client fields were unpacked, so ctx.vars is to be read back). The
+-- engine reads [2] after the call (and [3], earlier items of a long
+-- record), and the ctx only after a "U". A ctx kept past its call decides
+-- nothing.
 local state = {}
+
+--- Appends items to state[2], moving a long one to the list state[3]
+--- first (so that many decisions cost no more than their size).
+local function record(items)
+  local decided = state[2]
+  if decided and #decided > 1024 then
+    local chunks = state[3]
+    if chunks == nil then
+      chunks = {}
+      state[3] = chunks
+    end
+    chunks[#chunks + 1] = decided
+    decided = false
+  end
+  state[2] = (decided or "") .. items
+end
 
 local function allowed_in(ctx, what, first, second)
   local event = ctx.event
   if event == first or (second ~= nil and event == second) then return end
   error(what .. " is not available in " .. ctx.event, 3)
-end
-
---- Appends to one of the ctx's lists, making it on first use.
-local function append(ctx, key, a, b)
-  local list = rawget(ctx, key)
-  if list == nil then
-    list = {}
-    rawset(ctx, key, list)
-  end
-  local n = #list
-  list[n + 1] = a
-  if b ~= nil then list[n + 2] = b end
-  state[2] = true
 end
 
 --- Refuse the client (client_connection only).
@@ -38,20 +42,22 @@ function Ctx:reject(message, opts)
   if sqlstate and not sqlstate:match("^[0-9A-Z][0-9A-Z][0-9A-Z][0-9A-Z][0-9A-Z]$") then
     error("ctx:reject: sqlstate must be five characters 0-9/A-Z, got " .. sqlstate, 2)
   end
-  rawset(self, "_reject", {
-    message = tostring(message),
-    sqlstate = sqlstate,
-    detail = opts.detail and tostring(opts.detail) or nil,
-    hint = opts.hint and tostring(opts.hint) or nil,
-  })
-  state[2] = true
+  message = tostring(message)
+  sqlstate = sqlstate or ""
+  local detail = opts.detail and tostring(opts.detail) or ""
+  local hint = opts.hint and tostring(opts.hint) or ""
+  if state[1] ~= self then return end
+  record("1:R" .. #message .. ":" .. message .. #sqlstate .. ":" .. sqlstate
+    .. #detail .. ":" .. detail .. #hint .. ":" .. hint)
 end
 
 --- Set a session parameter, applied on every server connection the session uses.
 function Ctx:set(name, value)
   allowed_in(self, "ctx:set", "client_connection", "session_start")
   name = tostring(name)
-  append(self, "_set", name, tostring(value))
+  value = tostring(value)
+  if state[1] ~= self then return end
+  record("1:S" .. #name .. ":" .. name .. #value .. ":" .. value)
 end
 
 --- Run a statement on the session's server connection (session mode, session_start).
@@ -60,13 +66,17 @@ function Ctx:exec(sql)
   if self.pool_mode ~= "session" then
     error("ctx:exec is only available in session mode", 2)
   end
-  append(self, "_exec", tostring(sql))
+  sql = tostring(sql)
+  if state[1] ~= self then return end
+  record("1:E" .. #sql .. ":" .. sql)
 end
 
 --- Send the client a NOTICE.
 function Ctx:notice(message)
   allowed_in(self, "ctx:notice", "client_connection", "session_start")
-  append(self, "_notices", tostring(message))
+  message = tostring(message)
+  if state[1] ~= self then return end
+  record("1:N" .. #message .. ":" .. message)
 end
 
 -- A ctx's client fields go in as one string, built by the engine: a list
@@ -121,7 +131,7 @@ Ctx.__index = function(ctx, key)
   local blob = rawget(ctx, "_blob")
   if blob == nil then return nil end
   rawset(ctx, "_blob", nil)
-  state[2] = true
+  if state[1] == ctx then record("1:U") end
   unpack_client(ctx, blob)
   return rawget(ctx, key)
 end
@@ -135,7 +145,7 @@ local function run(handler, event, blob, reason, fields)
   if fields ~= nil then
     for k, v in next, fields do rawset(ctx, k, v) end
   end
-  state[1], state[2] = ctx, false
+  state[1], state[2], state[3] = ctx, false, nil
   return handler(ctx)
 end
 

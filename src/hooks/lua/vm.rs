@@ -61,14 +61,14 @@ pub(super) async fn within_budget<T>(
     lua: &Lua,
     call: impl std::future::Future<Output = mlua::Result<T>>,
 ) -> mlua::Result<T> {
-    let deadline = lua.app_data_ref::<Budget>().and_then(|b| b.deadline());
+    let deadline = lua.app_data_ref::<Arc<Budget>>().and_then(|b| b.deadline());
     let Some(deadline) = deadline else {
         return call.await;
     };
     match tokio::time::timeout_at(deadline.into(), call).await {
         Ok(r) => r,
         Err(_) => {
-            if let Some(b) = lua.app_data_ref::<Budget>() {
+            if let Some(b) = lua.app_data_ref::<Arc<Budget>>() {
                 b.exceed();
             }
             Err(mlua::Error::runtime("hook exceeded its time budget"))
@@ -106,6 +106,9 @@ pub(super) struct Vm {
     pub run: Function,
     pub state: Table,
     pub encode_vars: Function,
+    /// The time budget of the call running (also the VM's app data, for
+    /// awaited calls).
+    pub budget: Arc<Budget>,
     /// Strings passed or looked up on every call, made once.
     pub names: Names,
 }
@@ -116,11 +119,6 @@ pub(super) struct Names {
     pub events: [LuaString; 4],
     /// Per [`SessionReason`].
     pub reasons: [LuaString; 3],
-    pub set: LuaString,
-    pub exec: LuaString,
-    pub notices: LuaString,
-    pub reject: LuaString,
-    pub blob: LuaString,
     pub vars: LuaString,
 }
 
@@ -139,11 +137,6 @@ impl Names {
                 s(SessionReason::DiscardAll.as_str())?,
                 s(SessionReason::ReusedServer.as_str())?,
             ],
-            set: s("_set")?,
-            exec: s("_exec")?,
-            notices: s("_notices")?,
-            reject: s("_reject")?,
-            blob: s("_blob")?,
             vars: s("vars")?,
         })
     }
@@ -177,13 +170,13 @@ impl Vm {
         )?;
         // The budget hook comes first: threads mlua creates before it is set
         // would run without it.
-        lua.set_app_data(Budget::new());
+        let budget = Arc::new(Budget::new());
+        lua.set_app_data(budget.clone());
+        let watched = budget.clone();
         lua.set_global_hook(
             HookTriggers::new().every_nth_instruction(1000),
-            |lua, _debug| {
-                let Some(budget) = lua.app_data_ref::<Budget>() else {
-                    return Ok(VmState::Continue);
-                };
+            move |_lua, _debug| {
+                let budget = &watched;
                 let past = budget.deadline.lock().is_some_and(|d| Instant::now() >= d);
                 if past {
                     budget.exceed();
@@ -223,6 +216,7 @@ impl Vm {
             state,
             encode_vars,
             names,
+            budget,
         })
     }
 
@@ -293,7 +287,7 @@ fn sandbox(lua: &Lua, dir: &Path, services: Arc<LuaServices>) -> mlua::Result<Ta
 fn guard_error_catchers(lua: &Lua, base: &Table) -> mlua::Result<()> {
     let exceeded = lua.create_function(|lua, ()| {
         Ok(lua
-            .app_data_ref::<Budget>()
+            .app_data_ref::<Arc<Budget>>()
             .is_some_and(|b| b.was_exceeded()))
     })?;
     let wrap: Function = lua

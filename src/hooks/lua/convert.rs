@@ -26,6 +26,10 @@ fn item(blob: &mut Vec<u8>, s: &[u8]) {
 
 /// Appends `n` in decimal, without the formatting machinery.
 fn push_uint(blob: &mut Vec<u8>, n: u64) {
+    if n < 10 {
+        blob.push(b'0' + n as u8);
+        return;
+    }
     let mut digits = [0u8; 20];
     blob.extend_from_slice(uint(&mut digits, n));
 }
@@ -51,7 +55,7 @@ fn uint(digits: &mut [u8; 20], mut n: u64) -> &[u8] {
 
 /// The client's fields as the one string a ctx unpacks on first use (see
 /// prelude.lua's unpack_client).
-pub(super) fn client_blob(c: &ClientInfo, vars: &Vars) -> String {
+pub(super) fn client_blob(c: &ClientInfo) -> String {
     let startup = c.startup.packed();
     let mut blob = Vec::with_capacity(128 + startup.len());
     uint_item(&mut blob, c.id.into());
@@ -89,7 +93,18 @@ pub(super) fn client_blob(c: &ClientInfo, vars: &Vars) -> String {
             .unwrap_or("")
             .as_bytes(),
     );
-    uint_item(&mut blob, vars.len() as u64);
+    blob.extend_from_slice(startup.as_bytes());
+    // Only whole strings and ASCII went in.
+    String::from_utf8(blob).unwrap_or_default()
+}
+
+/// The client's vars as type/key/value items (see prelude.lua's
+/// unpack_client); none when there are none.
+pub(super) fn vars_blob(vars: &Vars) -> Option<String> {
+    if vars.is_empty() {
+        return None;
+    }
+    let mut blob = Vec::with_capacity(64);
     for (k, v) in vars {
         let (kind, text): (&[u8], std::borrow::Cow<str>) = match v {
             VarValue::Str(s) => (b"s", s.as_str().into()),
@@ -101,9 +116,7 @@ pub(super) fn client_blob(c: &ClientInfo, vars: &Vars) -> String {
         item(&mut blob, k.as_bytes());
         item(&mut blob, text.as_bytes());
     }
-    blob.extend_from_slice(startup.as_bytes());
-    // Only whole strings and ASCII went in.
-    String::from_utf8(blob).unwrap_or_default()
+    String::from_utf8(blob).ok()
 }
 
 /// session_start's `server` field, as a table of ctx fields.

@@ -231,8 +231,9 @@ impl LuaEngine {
     }
 
     /// Calls file `index`'s handler for `event` through the prelude's `run`
-    /// (which builds the ctx: the client's fields from one string, unpacked
-    /// on first use, and the table of further `fields`), then lets
+    /// (which looks the handler up and builds the ctx: the client's fields
+    /// and vars from a string each, unpacked on first use, and the table of
+    /// further `fields`), then lets
     /// `collect` read the decisions back. Runs under the time budget; a VM
     /// that ran out of time or memory is dropped.
     async fn call<T>(
@@ -244,20 +245,23 @@ impl LuaEngine {
         fields: impl FnOnce(&mlua::Lua) -> mlua::Result<Option<mlua::Table>>,
         collect: impl FnOnce(&Vm) -> mlua::Result<T>,
     ) -> Result<T, HookError> {
-        let vm = self.checkout()?;
-        let Some(handler) = vm.handler(index, event) else {
-            self.checkin(vm);
-            return Err(HookError::Failed(format!("no {} handler", event.name())));
-        };
+        let mut vm = self.checkout()?;
         let failed = |e: mlua::Error| HookError::Failed(e.to_string());
-        let blob = client.map(|(c, vars)| convert::client_blob(c, vars));
+        let (blob, varblob) = match client {
+            Some((c, vars)) => {
+                let blob = vm.blob(convert::client_blob(c)).map_err(failed)?;
+                (Some(blob), convert::vars_blob(vars))
+            }
+            None => (None, None),
+        };
         let fields = fields(&vm.lua).map_err(failed)?;
         let deadline = Instant::now() + self.settings.timeout;
         vm.budget.start(deadline);
-        let call = vm.run.call_async::<()>((
-            handler,
+        let call = vm.run.call_async::<mlua::Value>((
+            &vm.files[index],
             &vm.names.events[event as usize],
-            blob.as_deref(),
+            blob,
+            varblob,
             reason.map(|r| vm.names.reason(r)),
             fields,
         ));
@@ -272,7 +276,11 @@ impl LuaEngine {
                 self.checkin(vm);
                 Err(HookError::Failed(first_line(&e)))
             }
-            Ok(Ok(())) => {
+            Ok(Ok(mlua::Value::Table(t))) if t == vm.no_handler => {
+                self.checkin(vm);
+                Err(HookError::Failed(format!("no {} handler", event.name())))
+            }
+            Ok(Ok(_)) => {
                 let result = collect(&vm).map_err(|e| HookError::Failed(e.to_string()));
                 self.checkin(vm);
                 result
@@ -853,6 +861,30 @@ end
         assert_eq!(ctx.params, set(&[("which", "first")]));
         let (_, ctx) = connect(&h, &client(), &mut vars).await;
         assert_eq!(ctx.params, set(&[("which", "second")]));
+        let h = hook("function client_connection(ctx) client_connection = nil end");
+        assert_eq!(connect(&h, &client(), &mut vars).await.0, Ok(()));
+        assert_eq!(
+            connect(&h, &client(), &mut vars).await.0,
+            Err(HookError::Failed("no client_connection handler".into()))
+        );
+    }
+
+    #[tokio::test]
+    async fn clients_taking_turns_on_one_vm_see_their_own_fields() {
+        let h = hook("function client_connection(ctx) ctx:set('who', ctx.user .. '@' .. ctx.client_addr .. ':' .. ctx.client_port) end");
+        let mut bob = client();
+        bob.user = "bob".into();
+        bob.addr = "[::1]:6000".parse().unwrap();
+        let mut vars = super::super::Vars::new();
+        for (c, who) in [
+            (&bob, "bob@::1:6000"),
+            (&client(), "alice@10.1.2.3:5000"),
+            (&client(), "alice@10.1.2.3:5000"),
+            (&bob, "bob@::1:6000"),
+        ] {
+            let (_, ctx) = connect(&h, c, &mut vars).await;
+            assert_eq!(ctx.params, set(&[("who", who)]));
+        }
     }
 
     #[tokio::test]

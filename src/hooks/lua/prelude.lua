@@ -81,25 +81,25 @@ end
 
 -- A ctx's client fields go in as one string, built by the engine: a list
 -- of "<length>:<bytes>" items, then the startup parameters as on the wire
--- ("name\0value\0" pairs). It is unpacked on first use: a hook that never
--- looks at them (or an event without a client) pays nothing for them.
+-- ("name\0value\0" pairs); its vars as another (nil when there are none).
+-- They are unpacked on first use: a hook that never looks at them (or an
+-- event without a client) pays nothing for them.
 
 local find, sub, gmatch, tointeger = string.find, string.sub, string.gmatch, math.tointeger
 
---- Fills a ctx's client fields from its blob. The items are: id, user,
---- database, application_name, client_addr, client_port, auth_method,
---- pool_mode, tls version, cipher, client certificate subject ("" when
---- absent), the number of vars, then the vars as type/key/value triples
---- (type "s", "i", "n" or "b"); the startup parameters follow.
-local function unpack_client(ctx, blob)
-  local a, n, count, pos = {}, 0, 12, 1
-  while n < count do
+--- Fills a ctx's client fields from its blobs. The client blob's items
+--- are: id, user, database, application_name, client_addr, client_port,
+--- auth_method, pool_mode, tls version, cipher, client certificate subject
+--- ("" when absent); the startup parameters follow. The vars blob holds
+--- type/key/value triples (type "s", "i", "n" or "b").
+local function unpack_client(ctx, blob, varblob)
+  local a, n, pos = {}, 0, 1
+  while n < 11 do
     local colon = find(blob, ":", pos, true)
     local len = tonumber(sub(blob, pos, colon - 1))
     n = n + 1
     a[n] = sub(blob, colon + 1, colon + len)
     pos = colon + len + 1
-    if n == 12 then count = 12 + tonumber(a[12]) * 3 end
   end
   rawset(ctx, "id", tonumber(a[1]))
   rawset(ctx, "user", a[2])
@@ -113,14 +113,25 @@ local function unpack_client(ctx, blob)
     rawset(ctx, "tls", { version = a[9], cipher = a[10], client_cert_subject = a[11] ~= "" and a[11] or nil })
   end
   local startup, vars = {}, {}
-  for i = 13, n, 3 do
-    local kind, key, value = a[i], a[i + 1], a[i + 2]
-    if kind == "i" then value = tointeger(tonumber(value))
-    elseif kind == "n" then value = tonumber(value)
-    elseif kind == "b" then value = value == "true" end
-    vars[key] = value
-  end
   for k, v in gmatch(sub(blob, pos), "([^\0]*)\0([^\0]*)\0") do startup[k] = v end
+  if varblob ~= nil then
+    local v, m = {}, 0
+    pos = 1
+    while pos <= #varblob do
+      local colon = find(varblob, ":", pos, true)
+      local len = tonumber(sub(varblob, pos, colon - 1))
+      m = m + 1
+      v[m] = sub(varblob, colon + 1, colon + len)
+      pos = colon + len + 1
+    end
+    for i = 1, m, 3 do
+      local kind, key, value = v[i], v[i + 1], v[i + 2]
+      if kind == "i" then value = tointeger(tonumber(value))
+      elseif kind == "n" then value = tonumber(value)
+      elseif kind == "b" then value = value == "true" end
+      vars[key] = value
+    end
+  end
   rawset(ctx, "startup", startup)
   rawset(ctx, "vars", vars)
 end
@@ -130,18 +141,28 @@ Ctx.__index = function(ctx, key)
   if method ~= nil then return method end
   local blob = rawget(ctx, "_blob")
   if blob == nil then return nil end
+  local varblob = rawget(ctx, "_vars")
   rawset(ctx, "_blob", nil)
+  rawset(ctx, "_vars", nil)
   if state[1] == ctx then record("1:U") end
-  unpack_client(ctx, blob)
+  unpack_client(ctx, blob, varblob)
   return rawget(ctx, key)
 end
 
---- Calls `handler` with a fresh ctx: `blob` holds the client's fields (nil
---- for an event without a client), `reason` is session_start's, `fields`
---- a table of further fields (or nil). A tail call: the handler's stack
---- levels are those of a direct call from the engine.
-local function run(handler, event, blob, reason, fields)
-  local ctx = setmetatable({ event = event, reason = reason, _blob = blob }, Ctx)
+-- What run returns when the file has no handler for the event (any more:
+-- a hook may replace its globals).
+local no_handler = {}
+
+--- Calls the handler of `event` in the file environment `env` with a
+--- fresh ctx: `blob` and `varblob` hold the client's fields and vars (nil
+--- for an event without a client, and for no vars), `reason` is
+--- session_start's, `fields` a table of further fields (or nil). A tail
+--- call: the handler's stack levels are those of a direct call from the
+--- engine.
+local function run(env, event, blob, varblob, reason, fields)
+  local handler = rawget(env, event)
+  if type(handler) ~= "function" then return no_handler end
+  local ctx = setmetatable({ event = event, reason = reason, _blob = blob, _vars = varblob }, Ctx)
   if fields ~= nil then
     for k, v in next, fields do rawset(ctx, k, v) end
   end
@@ -172,4 +193,4 @@ local function encode_vars(vars)
   return table.concat(parts)
 end
 
-return Ctx, state, run, encode_vars
+return Ctx, state, run, encode_vars, no_handler

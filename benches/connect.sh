@@ -10,6 +10,7 @@
 #
 #   benches/connect.sh            # 3 rounds of 10 s each per variant
 #   ROUNDS=5 DURATION=20 benches/connect.sh
+#   USHER_BIN=/tmp/usher-old benches/connect.sh   # another usher build
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/pg-env.sh
@@ -30,9 +31,10 @@ OFF_PORT=$(free_port)
 ON_PORT=$(free_port)
 PGB_PORT=$(free_port)
 secret=$(scram_verifier bench)
-USHER_SECRET=$secret start_usher off "$OFF_PORT" "hooks: { enabled: false, dir: $work/trivial }"
+USHER_BIN=${USHER_BIN:-target/release/usher}
+USHER_SECRET=$secret start_usher off "$OFF_PORT" "hooks: { enabled: false, dir: $work/trivial }" "$USHER_BIN"
 OFF_PID=$USHER_PID
-USHER_SECRET=$secret start_usher on "$ON_PORT" "hooks: { dir: $work/trivial }"
+USHER_SECRET=$secret start_usher on "$ON_PORT" "hooks: { dir: $work/trivial }" "$USHER_BIN"
 ON_PID=$USHER_PID
 start_pgbouncer "$PGB_PORT"
 

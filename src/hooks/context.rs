@@ -30,6 +30,11 @@ impl StartupParams {
         self.iter().count()
     }
 
+    /// The pairs as packed: `name\0value\0` each.
+    pub fn packed(&self) -> &str {
+        &self.0
+    }
+
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }

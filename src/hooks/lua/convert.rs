@@ -1,10 +1,11 @@
-//! Building the Lua `ctx` table from Rust, and reading decisions back.
+//! What goes into a Lua `ctx` from Rust, and reading decisions back.
 
 use super::vm::Vm;
 use crate::auth::AuthAttempt;
-use crate::hooks::{ClientInfo, Event, Rejection, ServerInfo, SessionReason, VarValue, Vars};
+use crate::config::PoolMode;
+use crate::hooks::{ClientInfo, Rejection, ServerInfo, VarValue, Vars};
 use crate::protocol::error::sqlstate;
-use mlua::{Lua, Table};
+use mlua::{Lua, LuaString, Table, Value};
 
 /// What a hook call decided.
 pub(super) struct Collected {
@@ -17,71 +18,125 @@ pub(super) struct Collected {
 }
 
 /// Appends one "<length>:<bytes>" item (see prelude.lua).
-fn item(blob: &mut String, s: &str) {
-    use std::fmt::Write;
-    let _ = write!(blob, "{}:{s}", s.len());
+fn item(blob: &mut Vec<u8>, s: &[u8]) {
+    push_uint(blob, s.len() as u64);
+    blob.push(b':');
+    blob.extend_from_slice(s);
 }
 
-/// A fresh ctx table for `event`, with the client's fields when there is a
-/// client, built by the prelude from one string.
-pub(super) fn new_ctx(
-    vm: &Vm,
-    event: Event,
-    client: Option<(&ClientInfo, &Vars)>,
-    reason: Option<SessionReason>,
-) -> mlua::Result<Table> {
-    let mut blob = String::with_capacity(256);
-    if let Some((c, vars)) = client {
-        let tls = c.tls.as_ref();
-        for s in [
-            c.id.to_string().as_str(),
-            &c.user,
-            &c.database,
-            &c.application_name,
-            &c.addr.ip().to_string(),
-            &c.addr.port().to_string(),
-            c.auth_method,
-            &c.pool_mode.to_string(),
-            tls.map_or("", |t| t.version.as_str()),
-            tls.map_or("", |t| t.cipher.as_str()),
-            tls.and_then(|t| t.client_cert_subject.as_deref())
-                .unwrap_or(""),
-            &c.startup.len().to_string(),
-        ] {
-            item(&mut blob, s);
-        }
-        for (k, v) in c.startup.iter() {
-            item(&mut blob, k);
-            item(&mut blob, v);
-        }
-        for (k, v) in vars {
-            let (kind, value) = match v {
-                VarValue::Str(s) => ("s", s.clone()),
-                VarValue::Int(i) => ("i", i.to_string()),
-                VarValue::Num(n) => ("n", n.to_string()),
-                VarValue::Bool(b) => ("b", b.to_string()),
-            };
-            item(&mut blob, kind);
-            item(&mut blob, k);
-            item(&mut blob, &value);
+/// Appends `n` in decimal, without the formatting machinery.
+fn push_uint(blob: &mut Vec<u8>, n: u64) {
+    if n < 10 {
+        blob.push(b'0' + n as u8);
+        return;
+    }
+    let mut digits = [0u8; 20];
+    blob.extend_from_slice(uint(&mut digits, n));
+}
+
+/// An item holding `n` in decimal.
+fn uint_item(blob: &mut Vec<u8>, n: u64) {
+    let mut digits = [0u8; 20];
+    item(blob, uint(&mut digits, n));
+}
+
+/// `n` in decimal, written into the end of `digits`.
+fn uint(digits: &mut [u8; 20], mut n: u64) -> &[u8] {
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &digits[i..];
         }
     }
-    vm.ctx_build
-        .call((event.name(), blob, reason.map(SessionReason::as_str)))
 }
 
-pub(super) fn fill_session(lua: &Lua, t: &Table, server: Option<&ServerInfo>) -> mlua::Result<()> {
-    if let Some(s) = server {
-        let st = lua.create_table()?;
-        st.raw_set("backend_pid", s.backend_pid)?;
-        st.raw_set("server_version", s.server_version.as_str())?;
-        st.raw_set("fresh", s.fresh)?;
-        t.raw_set("server", st)?;
+/// The client's fields as the one string a ctx unpacks on first use (see
+/// prelude.lua's unpack_client).
+pub(super) fn client_blob(c: &ClientInfo) -> String {
+    let startup = c.startup.packed();
+    let mut blob = Vec::with_capacity(128 + startup.len());
+    uint_item(&mut blob, c.id.into());
+    item(&mut blob, c.user.as_bytes());
+    item(&mut blob, c.database.as_bytes());
+    item(&mut blob, c.application_name.as_bytes());
+    match c.addr.ip() {
+        std::net::IpAddr::V4(ip) => {
+            let mut text = Vec::with_capacity(15);
+            for (i, octet) in ip.octets().into_iter().enumerate() {
+                if i > 0 {
+                    text.push(b'.');
+                }
+                push_uint(&mut text, octet.into());
+            }
+            item(&mut blob, &text);
+        }
+        ip => item(&mut blob, ip.to_string().as_bytes()),
     }
-    Ok(())
+    uint_item(&mut blob, c.addr.port().into());
+    item(&mut blob, c.auth_method.as_bytes());
+    item(
+        &mut blob,
+        match c.pool_mode {
+            PoolMode::Session => b"session",
+            PoolMode::Transaction => b"transaction",
+        },
+    );
+    let tls = c.tls.as_ref();
+    item(&mut blob, tls.map_or("", |t| t.version.as_str()).as_bytes());
+    item(&mut blob, tls.map_or("", |t| t.cipher.as_str()).as_bytes());
+    item(
+        &mut blob,
+        tls.and_then(|t| t.client_cert_subject.as_deref())
+            .unwrap_or("")
+            .as_bytes(),
+    );
+    blob.extend_from_slice(startup.as_bytes());
+    // Only whole strings and ASCII went in.
+    String::from_utf8(blob).unwrap_or_default()
 }
 
-pub(super) fn fill_auth_attempt(_lua: &Lua, t: &Table, a: &AuthAttempt) -> mlua::Result<()> {
+/// The client's vars as type/key/value items (see prelude.lua's
+/// unpack_client); none when there are none.
+pub(super) fn vars_blob(vars: &Vars) -> Option<String> {
+    if vars.is_empty() {
+        return None;
+    }
+    let mut blob = Vec::with_capacity(64);
+    for (k, v) in vars {
+        let (kind, text): (&[u8], std::borrow::Cow<str>) = match v {
+            VarValue::Str(s) => (b"s", s.as_str().into()),
+            VarValue::Int(i) => (b"i", i.to_string().into()),
+            VarValue::Num(n) => (b"n", n.to_string().into()),
+            VarValue::Bool(b) => (b"b", if *b { "true" } else { "false" }.into()),
+        };
+        item(&mut blob, kind);
+        item(&mut blob, k.as_bytes());
+        item(&mut blob, text.as_bytes());
+    }
+    String::from_utf8(blob).ok()
+}
+
+/// session_start's `server` field, as a table of ctx fields.
+pub(super) fn session_fields(
+    lua: &Lua,
+    server: Option<&ServerInfo>,
+) -> mlua::Result<Option<Table>> {
+    let Some(s) = server else { return Ok(None) };
+    let st = lua.create_table()?;
+    st.raw_set("backend_pid", s.backend_pid)?;
+    st.raw_set("server_version", s.server_version.as_str())?;
+    st.raw_set("fresh", s.fresh)?;
+    let fields = lua.create_table()?;
+    fields.raw_set("server", st)?;
+    Ok(Some(fields))
+}
+
+/// auth_attempt's ctx fields.
+pub(super) fn auth_attempt_fields(lua: &Lua, a: &AuthAttempt) -> mlua::Result<Option<Table>> {
+    let t = lua.create_table()?;
     t.raw_set("user", a.user.as_str())?;
     t.raw_set("user_exists", a.user_exists)?;
     t.raw_set("database", a.database.as_str())?;
@@ -90,7 +145,7 @@ pub(super) fn fill_auth_attempt(_lua: &Lua, t: &Table, a: &AuthAttempt) -> mlua:
     t.raw_set("method", a.method.as_str())?;
     t.raw_set("outcome", a.outcome.as_str())?;
     t.raw_set("success", a.outcome == crate::auth::AuthOutcome::Success)?;
-    Ok(())
+    Ok(Some(t))
 }
 
 /// Splits a blob of "<length>:<bytes>" items.
@@ -116,70 +171,117 @@ fn items(blob: &[u8]) -> mlua::Result<Vec<String>> {
     Ok(out)
 }
 
-/// Reads the decisions out of a ctx after a call (summarized by the prelude).
-pub(super) fn collect(vm: &Vm, t: &Table) -> mlua::Result<Collected> {
-    let blob: mlua::LuaString = vm.ctx_summarize.call(t)?;
-    let items = items(&blob.as_bytes())?;
+/// Reads the decisions of the call that just ran, recorded by the
+/// prelude's ctx methods (see prelude.lua's `state`).
+pub(super) fn collect(vm: &Vm) -> mlua::Result<Collected> {
     let mut out = Collected {
-        vars: Some(Vars::new()),
+        vars: None,
         params: Vec::new(),
         exec: Vec::new(),
         notices: Vec::new(),
         reject: None,
     };
-    let mut it = items.into_iter();
-    let mut next = || {
-        it.next()
-            .ok_or_else(|| mlua::Error::runtime("truncated hook summary"))
+    let Value::String(last) = vm.state.raw_get::<Value>(2)? else {
+        return Ok(out);
     };
-    loop {
-        let tag = match next() {
-            Ok(tag) => tag,
-            Err(_) => break,
+    let mut records = Vec::new();
+    if let Some(chunks) = vm.state.raw_get::<Option<Table>>(3)? {
+        for i in 1..=chunks.raw_len() {
+            records.push(chunks.raw_get::<LuaString>(i)?);
+        }
+    }
+    records.push(last);
+    for record in &records {
+        let mut it = items(&record.as_bytes())?.into_iter();
+        let mut next = || {
+            it.next()
+                .ok_or_else(|| mlua::Error::runtime("truncated hook record"))
         };
-        match tag.as_str() {
-            "S" => out.params.push((next()?, next()?)),
-            "E" => out.exec.push(next()?),
-            "N" => out.notices.push(next()?),
-            "R" => {
-                let (message, code, detail, hint) = (next()?, next()?, next()?, next()?);
-                let some = |s: String| (!s.is_empty()).then_some(s);
-                out.reject = Some(Rejection {
-                    message,
-                    sqlstate: some(code)
-                        .unwrap_or_else(|| sqlstate::INVALID_AUTHORIZATION.to_string()),
-                    detail: some(detail),
-                    hint: some(hint),
-                    hook: String::new(),
-                });
-            }
-            "K" => out.vars = None,
-            "V" => {
-                let (kind, key, value) = (next()?, next()?, next()?);
-                let value = match kind.as_str() {
-                    "i" => VarValue::Int(
-                        value
-                            .parse()
-                            .map_err(|_| mlua::Error::runtime("bad integer"))?,
-                    ),
-                    "n" => VarValue::Num(
-                        value
-                            .parse()
-                            .map_err(|_| mlua::Error::runtime("bad number"))?,
-                    ),
-                    "b" => VarValue::Bool(value == "true"),
-                    _ => VarValue::Str(value),
-                };
-                if let Some(vars) = out.vars.as_mut() {
-                    vars.insert(key, value);
+        while let Ok(tag) = next() {
+            match tag.as_str() {
+                "S" => out.params.push((next()?, next()?)),
+                "E" => out.exec.push(next()?),
+                "N" => out.notices.push(next()?),
+                "R" => {
+                    let (message, code, detail, hint) = (next()?, next()?, next()?, next()?);
+                    let some = |s: String| (!s.is_empty()).then_some(s);
+                    out.reject = Some(Rejection {
+                        message,
+                        sqlstate: some(code)
+                            .unwrap_or_else(|| sqlstate::INVALID_AUTHORIZATION.to_string()),
+                        detail: some(detail),
+                        hint: some(hint),
+                        hook: String::new(),
+                    });
                 }
-            }
-            other => {
-                return Err(mlua::Error::runtime(format!(
-                    "unknown hook summary item {other}"
-                )))
+                "U" => {
+                    // Unpacked: ctx.vars is what the hook left (vars never
+                    // unpacked were not changed: the caller keeps its own).
+                    let ctx: Table = vm.state.raw_get(1)?;
+                    out.vars = Some(match ctx.raw_get::<Value>(&vm.names.vars)? {
+                        Value::Table(t) => read_vars(vm, &t)?,
+                        _ => Vars::new(),
+                    });
+                }
+                other => {
+                    return Err(mlua::Error::runtime(format!(
+                        "unknown hook record item {other}"
+                    )))
+                }
             }
         }
     }
     Ok(out)
+}
+
+/// ctx.vars read back: string keys with string, integer or boolean values
+/// here; anything else (a metatable, other keys, floats, which Lua's
+/// tostring rounds, values that are refused) through the prelude's
+/// encoder, as Lua itself would see them.
+fn read_vars(vm: &Vm, t: &Table) -> mlua::Result<Vars> {
+    let mut vars = Vars::new();
+    let mut plain = t.metatable().is_none();
+    if plain {
+        t.for_each::<Value, Value>(|k, v| {
+            let (Value::String(k), true) = (&k, plain) else {
+                plain = false;
+                return Ok(());
+            };
+            let value = match v {
+                Value::String(s) => VarValue::Str(s.to_string_lossy()),
+                Value::Integer(i) => VarValue::Int(i),
+                Value::Boolean(b) => VarValue::Bool(b),
+                _ => {
+                    plain = false;
+                    return Ok(());
+                }
+            };
+            vars.insert(k.to_string_lossy(), value);
+            Ok(())
+        })?;
+    }
+    if plain {
+        return Ok(vars);
+    }
+    let blob: LuaString = vm.encode_vars.call(t)?;
+    let mut it = items(&blob.as_bytes())?.into_iter();
+    let mut vars = Vars::new();
+    while let (Some(kind), Some(key), Some(value)) = (it.next(), it.next(), it.next()) {
+        let value = match kind.as_str() {
+            "i" => VarValue::Int(
+                value
+                    .parse()
+                    .map_err(|_| mlua::Error::runtime("bad integer"))?,
+            ),
+            "n" => VarValue::Num(
+                value
+                    .parse()
+                    .map_err(|_| mlua::Error::runtime("bad number"))?,
+            ),
+            "b" => VarValue::Bool(value == "true"),
+            _ => VarValue::Str(value),
+        };
+        vars.insert(key, value);
+    }
+    Ok(vars)
 }

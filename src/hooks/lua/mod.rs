@@ -24,7 +24,7 @@ use parking_lot::Mutex;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use vm::{Budget, Vm};
+use vm::Vm;
 
 /// What hooks can reach beyond their VM; lives across reloads.
 #[derive(Debug)]
@@ -180,7 +180,7 @@ impl LuaEngine {
             .map(|i| {
                 Event::ALL
                     .into_iter()
-                    .filter(|e| first.handler(i, e.name()).is_some())
+                    .filter(|e| first.handler(i, *e).is_some())
                     .collect()
             })
             .collect();
@@ -230,36 +230,44 @@ impl LuaEngine {
         }
     }
 
-    /// Calls file `index`'s handler for `event` with a ctx built by `fill`,
-    /// then lets `collect` read the ctx back. Runs under the time budget; a
-    /// VM that ran out of time or memory is dropped.
+    /// Calls file `index`'s handler for `event` through the prelude's `run`
+    /// (which looks the handler up and builds the ctx: the client's fields
+    /// and vars from a string each, unpacked on first use, and the table of
+    /// further `fields`), then lets
+    /// `collect` read the decisions back. Runs under the time budget; a VM
+    /// that ran out of time or memory is dropped.
     async fn call<T>(
         &self,
         index: usize,
         event: Event,
         client: Option<(&super::ClientInfo, &super::Vars)>,
         reason: Option<super::SessionReason>,
-        fill: impl FnOnce(&mlua::Lua, &mlua::Table) -> mlua::Result<()>,
-        collect: impl FnOnce(&Vm, &mlua::Table) -> mlua::Result<T>,
+        fields: impl FnOnce(&mlua::Lua) -> mlua::Result<Option<mlua::Table>>,
+        collect: impl FnOnce(&Vm) -> mlua::Result<T>,
     ) -> Result<T, HookError> {
-        let vm = self.checkout()?;
-        let Some(handler) = vm.handler(index, event.name()) else {
-            self.checkin(vm);
-            return Err(HookError::Failed(format!("no {} handler", event.name())));
-        };
+        let mut vm = self.checkout()?;
         let failed = |e: mlua::Error| HookError::Failed(e.to_string());
-        let ctx = convert::new_ctx(&vm, event, client, reason).map_err(failed)?;
-        fill(&vm.lua, &ctx).map_err(failed)?;
+        let (blob, varblob) = match client {
+            Some((c, vars)) => {
+                let blob = vm.blob(convert::client_blob(c)).map_err(failed)?;
+                (Some(blob), convert::vars_blob(vars))
+            }
+            None => (None, None),
+        };
+        let fields = fields(&vm.lua).map_err(failed)?;
         let deadline = Instant::now() + self.settings.timeout;
-        if let Some(budget) = vm.lua.app_data_ref::<Budget>() {
-            budget.start(deadline);
-        }
-        let outcome =
-            tokio::time::timeout_at(deadline.into(), handler.call_async::<()>(ctx.clone())).await;
-        let exceeded = vm.lua.app_data_ref::<Budget>().is_some_and(|b| {
-            b.stop();
-            b.was_exceeded()
-        });
+        vm.budget.start(deadline);
+        let call = vm.run.call_async::<mlua::Value>((
+            &vm.files[index],
+            &vm.names.events[event as usize],
+            blob,
+            varblob,
+            reason.map(|r| vm.names.reason(r)),
+            fields,
+        ));
+        let outcome = tokio::time::timeout_at(deadline.into(), call).await;
+        vm.budget.stop();
+        let exceeded = vm.budget.was_exceeded();
         match outcome {
             Err(_) => Err(HookError::Timeout), // an awaited call ran too long: drop the VM
             Ok(Err(_)) if exceeded => Err(HookError::Timeout),
@@ -268,8 +276,12 @@ impl LuaEngine {
                 self.checkin(vm);
                 Err(HookError::Failed(first_line(&e)))
             }
-            Ok(Ok(())) => {
-                let result = collect(&vm, &ctx).map_err(|e| HookError::Failed(e.to_string()));
+            Ok(Ok(mlua::Value::Table(t))) if t == vm.no_handler => {
+                self.checkin(vm);
+                Err(HookError::Failed(format!("no {} handler", event.name())))
+            }
+            Ok(Ok(_)) => {
+                let result = collect(&vm).map_err(|e| HookError::Failed(e.to_string()));
                 self.checkin(vm);
                 result
             }
@@ -315,23 +327,21 @@ impl Hook for LuaFileHook {
                 Event::AuthAttempt,
                 None,
                 None,
-                |lua, ctx| convert::fill_auth_attempt(lua, ctx, attempt),
-                |_, _| Ok(()),
+                |lua| convert::auth_attempt_fields(lua, attempt),
+                |_| Ok(()),
             )
             .await
     }
 
     async fn client_connection(&self, ctx: &mut ConnectionCtx<'_>) -> Result<(), HookError> {
-        let client = ctx.client;
-        let vars = ctx.vars.clone();
         let out = self
             .engine
             .call(
                 self.index,
                 Event::ClientConnection,
-                Some((client, &vars)),
+                Some((ctx.client, ctx.vars)),
                 None,
-                |_, _| Ok(()),
+                |_| Ok(None),
                 convert::collect,
             )
             .await?;
@@ -348,16 +358,14 @@ impl Hook for LuaFileHook {
     }
 
     async fn session_start(&self, ctx: &mut SessionCtx<'_>) -> Result<(), HookError> {
-        let (client, reason, server) = (ctx.client, ctx.reason, ctx.server.clone());
-        let vars = ctx.vars.clone();
         let out = self
             .engine
             .call(
                 self.index,
                 Event::SessionStart,
-                Some((client, &vars)),
-                Some(reason),
-                |lua, t| convert::fill_session(lua, t, server.as_ref()),
+                Some((ctx.client, ctx.vars)),
+                Some(ctx.reason),
+                |lua| convert::session_fields(lua, ctx.server.as_ref()),
                 convert::collect,
             )
             .await?;
@@ -378,8 +386,12 @@ impl Hook for LuaFileHook {
                 Event::SessionEnd,
                 Some((client, vars)),
                 None,
-                |_, t| t.raw_set("duration_ms", duration.as_millis() as i64),
-                |_, _| Ok(()),
+                |lua| {
+                    let t = lua.create_table()?;
+                    t.raw_set("duration_ms", duration.as_millis() as i64)?;
+                    Ok(Some(t))
+                },
+                |_| Ok(()),
             )
             .await
     }
@@ -408,14 +420,7 @@ mod tests {
 
     async fn run(engine: &Arc<LuaEngine>) -> Result<(), HookError> {
         engine
-            .call(
-                0,
-                Event::AuthAttempt,
-                None,
-                None,
-                |_, _| Ok(()),
-                |_, _| Ok(()),
-            )
+            .call(0, Event::AuthAttempt, None, None, |_| Ok(None), |_| Ok(()))
             .await
     }
 
@@ -440,6 +445,446 @@ mod tests {
         assert_eq!(run(&e).await, Err(HookError::Memory));
         // The next call gets a fresh VM.
         assert_eq!(run(&e).await, Err(HookError::Memory));
+    }
+
+    fn client() -> super::super::ClientInfo {
+        super::super::ClientInfo {
+            id: 42,
+            user: "alice".into(),
+            database: "app".into(),
+            application_name: "psql".into(),
+            startup: vec![
+                ("user".to_string(), "alice".to_string()),
+                ("options".to_string(), String::new()),
+                ("application_name".to_string(), "psql".to_string()),
+            ]
+            .into(),
+            addr: "10.1.2.3:5000".parse().unwrap(),
+            tls: None,
+            auth_method: "scram-sha-256",
+            pool_mode: crate::config::PoolMode::Transaction,
+        }
+    }
+
+    /// What one client_connection call of the first hook decided.
+    async fn connect(
+        hook: &Arc<dyn Hook>,
+        client: &super::super::ClientInfo,
+        vars: &mut super::super::Vars,
+    ) -> (Result<(), HookError>, ConnectionCtx<'static>) {
+        let mut ctx = ConnectionCtx {
+            client: Box::leak(Box::new(client.clone())),
+            vars: Box::leak(Box::new(vars.clone())),
+            reject: None,
+            params: vec![],
+            notices: vec![],
+        };
+        let r = hook.client_connection(&mut ctx).await;
+        *vars = ctx.vars.clone();
+        (r, ctx)
+    }
+
+    /// What one session_start call of the first hook decided.
+    async fn start(
+        hook: &Arc<dyn Hook>,
+        client: &super::super::ClientInfo,
+        vars: &mut super::super::Vars,
+        server: Option<super::super::ServerInfo>,
+    ) -> (Result<(), HookError>, SessionCtx<'static>) {
+        let mut ctx = SessionCtx {
+            client: Box::leak(Box::new(client.clone())),
+            vars: Box::leak(Box::new(vars.clone())),
+            reason: super::super::SessionReason::DiscardAll,
+            server,
+            params: vec![],
+            exec: vec![],
+            notices: vec![],
+            warnings: vec![],
+        };
+        let r = hook.session_start(&mut ctx).await;
+        *vars = ctx.vars.clone();
+        (r, ctx)
+    }
+
+    fn hook(code: &str) -> Arc<dyn Hook> {
+        engine(code, 1000, 8).hooks().remove(0)
+    }
+
+    fn set(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn ctx_shows_every_client_field() {
+        let h = hook(
+            r#"
+function client_connection(ctx)
+  local parts = {}
+  for _, k in ipairs({ "event", "id", "user", "database", "application_name", "client_addr",
+                       "client_port", "auth_method", "pool_mode", "tls", "reason" }) do
+    parts[#parts + 1] = k .. "=" .. tostring(ctx[k]) .. ":" .. (math.type(ctx[k]) or type(ctx[k]))
+  end
+  ctx:set("fields", table.concat(parts, " "))
+  local keys = {}
+  for k, v in pairs(ctx.startup) do keys[#keys + 1] = k .. "=" .. v end
+  table.sort(keys)
+  ctx:set("startup", table.concat(keys, ","))
+  ctx:set("vars", tostring(next(ctx.vars)))
+  ctx:set("type", type(ctx))
+end
+function session_start(ctx)
+  ctx:set("reason", ctx.reason)
+  ctx:set("server", tostring(ctx.server and ctx.server.backend_pid) .. "/" ..
+    tostring(ctx.server and ctx.server.server_version) .. "/" .. tostring(ctx.server and ctx.server.fresh))
+end
+"#,
+        );
+        let mut tls = client();
+        tls.tls = Some(Box::new(super::super::TlsInfo {
+            version: "TLSv1.3".into(),
+            cipher: "TLS13_AES_256_GCM_SHA384".into(),
+            client_cert_subject: None,
+        }));
+        let mut vars = super::super::Vars::new();
+        let (r, ctx) = connect(&h, &client(), &mut vars).await;
+        assert_eq!(r, Ok(()));
+        assert_eq!(
+            ctx.params,
+            set(&[
+                ("fields", "event=client_connection:string id=42:integer user=alice:string database=app:string application_name=psql:string client_addr=10.1.2.3:string client_port=5000:integer auth_method=scram-sha-256:string pool_mode=transaction:string tls=nil:nil reason=nil:nil"),
+                ("startup", "application_name=psql,options=,user=alice"),
+                ("vars", "nil"),
+                ("type", "table"),
+            ])
+        );
+        let h2 = hook("function client_connection(ctx) ctx:set('tls', ctx.tls.version .. '/' .. ctx.tls.cipher .. '/' .. tostring(ctx.tls.client_cert_subject)) end");
+        let (_, ctx) = connect(&h2, &tls, &mut vars).await;
+        assert_eq!(
+            ctx.params,
+            set(&[("tls", "TLSv1.3/TLS13_AES_256_GCM_SHA384/nil")])
+        );
+        let server = super::super::ServerInfo {
+            backend_pid: 777,
+            server_version: "17.2".into(),
+            fresh: false,
+        };
+        let (_, ctx) = start(&h, &client(), &mut vars, Some(server)).await;
+        assert_eq!(
+            ctx.params,
+            set(&[("reason", "discard_all"), ("server", "777/17.2/false")])
+        );
+        let (_, ctx) = start(&h, &client(), &mut vars, None).await;
+        assert_eq!(
+            ctx.params,
+            set(&[("reason", "discard_all"), ("server", "nil/nil/nil")])
+        );
+    }
+
+    #[tokio::test]
+    async fn decisions_come_back_in_order() {
+        let h = hook(
+            r#"
+function client_connection(ctx)
+  ctx:set("a", 1)
+  ctx:notice("first")
+  ctx:set("b", true)
+  ctx:notice(2.5)
+  ctx:reject("not this one")
+  ctx:reject("go away", { sqlstate = "42501", detail = "d", hint = 7 })
+end
+function session_start(ctx)
+  ctx:set("search_path", "x, public")
+  ctx:notice("hello")
+end
+"#,
+        );
+        let mut vars = super::super::Vars::new();
+        let (r, ctx) = connect(&h, &client(), &mut vars).await;
+        assert_eq!(r, Ok(()));
+        assert_eq!(ctx.params, set(&[("a", "1"), ("b", "true")]));
+        assert_eq!(ctx.notices, ["first", "2.5"]);
+        let reject = ctx.reject.unwrap();
+        assert_eq!(
+            (
+                reject.message.as_str(),
+                reject.sqlstate.as_str(),
+                reject.detail.as_deref(),
+                reject.hint.as_deref(),
+                reject.hook.as_str()
+            ),
+            ("go away", "42501", Some("d"), Some("7"), "10-test.lua")
+        );
+        let (r, ctx) = start(&h, &client(), &mut vars, None).await;
+        assert_eq!(r, Ok(()));
+        assert_eq!(ctx.params, set(&[("search_path", "x, public")]));
+        assert_eq!(ctx.notices, ["hello"]);
+        let h = hook("function client_connection(ctx) ctx:reject('no') end");
+        let (_, ctx) = connect(&h, &client(), &mut vars).await;
+        let reject = ctx.reject.unwrap();
+        assert_eq!(
+            (reject.sqlstate.as_str(), reject.detail, reject.hint),
+            ("28000", None, None)
+        );
+    }
+
+    #[tokio::test]
+    async fn vars_follow_the_client_between_events() {
+        use super::super::VarValue;
+        let h = hook(
+            r#"
+function client_connection(ctx)
+  ctx.vars.s = "text"
+  ctx.vars.i = 41 + 1
+  ctx.vars.n = 0.1 + 0.2
+  ctx.vars.big = 2^53
+  ctx.vars.b = false
+  ctx.vars[7] = "seven"
+end
+function session_start(ctx)
+  ctx:set("check", tostring(ctx.vars.n == 0.3) .. " " .. math.type(ctx.vars.i) .. " " ..
+    math.type(ctx.vars.n) .. " " .. tostring(ctx.vars.b) .. " " .. tostring(ctx.vars["7"]) .. " " ..
+    tostring(ctx.vars.big))
+  ctx.vars.i = ctx.vars.i + 1
+  ctx.vars.s = nil
+end
+"#,
+        );
+        let mut vars = super::super::Vars::new();
+        vars.insert("old".into(), VarValue::Str("gone".into()));
+        let (r, _) = connect(&h, &client(), &mut vars).await;
+        assert_eq!(r, Ok(()));
+        assert_eq!(
+            vars,
+            [
+                ("7".to_string(), VarValue::Str("seven".into())),
+                ("b".to_string(), VarValue::Bool(false)),
+                ("big".to_string(), VarValue::Num(9007199254741000.0)), // through "%.14g"
+                ("i".to_string(), VarValue::Int(42)),
+                ("n".to_string(), VarValue::Num(0.3)),
+                ("old".to_string(), VarValue::Str("gone".into())),
+                ("s".to_string(), VarValue::Str("text".into())),
+            ]
+            .into_iter()
+            .collect()
+        );
+        let (r, ctx) = start(&h, &client(), &mut vars, None).await;
+        assert_eq!(r, Ok(()));
+        assert_eq!(
+            ctx.params,
+            set(&[("check", "true integer float false seven 9007199254741000")])
+        );
+        assert_eq!(vars.get("i"), Some(&VarValue::Int(43)));
+        assert_eq!(vars.get("s"), None);
+        assert_eq!(vars.len(), 6);
+    }
+
+    #[tokio::test]
+    async fn vars_a_hook_never_read_are_kept() {
+        use super::super::VarValue;
+        let mut vars = super::super::Vars::new();
+        vars.insert("team".into(), VarValue::Str("payments".into()));
+        for code in [
+            "function client_connection(ctx) end",
+            "function client_connection(ctx) ctx:set('a', 'b') end",
+            // Assigned without being read: ignored, as before.
+            "function client_connection(ctx) ctx.vars = { other = 1 } end",
+            "function client_connection(ctx) local u = ctx.user end",
+        ] {
+            let (r, _) = connect(&hook(code), &client(), &mut vars).await;
+            assert_eq!(r, Ok(()), "{code}");
+            assert_eq!(vars.len(), 1, "{code}");
+        }
+        let code = "function client_connection(ctx) local u = ctx.user; ctx.vars = nil end";
+        let (r, _) = connect(&hook(code), &client(), &mut vars).await;
+        assert_eq!(r, Ok(()));
+        assert!(vars.is_empty());
+    }
+
+    #[tokio::test]
+    async fn misuse_of_ctx_is_an_error_naming_the_line() {
+        let cases = [
+            (
+                "function session_start(ctx)\n  ctx:reject('no')\nend",
+                "[string \"/",
+            ),
+            (
+                "function session_start(ctx)\n  ctx:exec('SELECT 1')\nend",
+                "ctx:exec is only available in session mode",
+            ),
+            (
+                "function client_connection(ctx)\n  ctx:reject('no', { sqlstate = 'x' })\nend",
+                "ctx:reject: sqlstate must be five characters 0-9/A-Z, got x",
+            ),
+            (
+                "function client_connection(ctx)\n  error('plain', 2)\nend",
+                "plain",
+            ),
+            ("function client_connection(ctx)\n  error({})\nend", ""),
+        ];
+        let mut vars = super::super::Vars::new();
+        for (code, _) in cases {
+            let h = hook(code);
+            let r = if code.contains("session_start") {
+                start(&h, &client(), &mut vars, None).await.0
+            } else {
+                connect(&h, &client(), &mut vars).await.0
+            };
+            let Err(HookError::Failed(message)) = r else {
+                panic!("{code}: {r:?}")
+            };
+            eprintln!("{code}: {message}");
+        }
+        let h = hook("function session_start(ctx)\n  ctx:reject('no')\nend");
+        let (r, _) = start(&h, &client(), &mut vars, None).await;
+        let Err(HookError::Failed(m)) = r else {
+            panic!()
+        };
+        assert!(
+            m.ends_with("10-test.lua:2: ctx:reject is not available in session_start"),
+            "{m}"
+        );
+        let h = hook("function client_connection(ctx)\n  error('plain', 2)\nend");
+        let (r, _) = connect(&h, &client(), &mut vars).await;
+        assert_eq!(r, Err(HookError::Failed("runtime error: plain".into())));
+        let h = hook("function client_connection(ctx) ctx.vars.t = {} end");
+        let (r, _) = connect(&h, &client(), &mut vars).await;
+        let Err(HookError::Failed(m)) = r else {
+            panic!()
+        };
+        eprintln!("bad var: {m:?}");
+        assert!(
+            m.contains("ctx.vars.t: only strings, numbers and booleans are kept, got table"),
+            "{m}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_ctx_kept_past_its_call_still_reads_but_decides_nothing() {
+        let h = hook(
+            r#"
+local kept
+function client_connection(ctx)
+  if kept == nil then kept = ctx return end
+  kept:set("late", "x")
+  kept:notice("late")
+  ctx:set("user_of_kept", kept.user)
+end
+"#,
+        );
+        let mut vars = super::super::Vars::new();
+        let (r, ctx) = connect(&h, &client(), &mut vars).await;
+        assert_eq!((r, ctx.params.len()), (Ok(()), 0));
+        let mut bob = client();
+        bob.user = "bob".into();
+        let (r, ctx) = connect(&h, &bob, &mut vars).await;
+        assert_eq!(r, Ok(()));
+        assert_eq!(ctx.params, set(&[("user_of_kept", "alice")]));
+        assert!(ctx.notices.is_empty());
+    }
+
+    #[tokio::test]
+    async fn many_decisions_keep_their_order() {
+        let h = hook(
+            r#"
+function client_connection(ctx)
+  for i = 1, 3000 do ctx:set("p" .. i, string.rep("v", i % 7)) end
+  for i = 1, 500 do ctx:notice("n" .. i) end
+  ctx:reject("last", { detail = string.rep("d", 5000) })
+end
+"#,
+        );
+        let mut vars = super::super::Vars::new();
+        let (r, ctx) = connect(&h, &client(), &mut vars).await;
+        assert_eq!(r, Ok(()));
+        assert_eq!(ctx.params.len(), 3000);
+        for (i, (k, v)) in ctx.params.iter().enumerate() {
+            let n = i + 1;
+            assert_eq!((k.clone(), v.len()), (format!("p{n}"), n % 7));
+        }
+        let notices: Vec<String> = (1..=500).map(|i| format!("n{i}")).collect();
+        assert_eq!(ctx.notices, notices);
+        let reject = ctx.reject.unwrap();
+        assert_eq!(
+            (reject.message.as_str(), reject.detail.map(|d| d.len())),
+            ("last", Some(5000))
+        );
+    }
+
+    #[tokio::test]
+    async fn exec_in_session_mode_and_vars_with_a_metatable() {
+        use super::super::VarValue;
+        let h = hook(
+            r#"
+function session_start(ctx)
+  ctx:exec("SET x = 1")
+  ctx:set("a", "b")
+  ctx:exec(42)
+  ctx.vars = setmetatable({ k = "v", f = 1.5 }, { __index = function() return "dflt" end })
+  ctx:notice(ctx.vars.missing)
+end
+"#,
+        );
+        let mut c = client();
+        c.pool_mode = crate::config::PoolMode::Session;
+        let mut vars = super::super::Vars::new();
+        let (r, ctx) = start(&h, &c, &mut vars, None).await;
+        assert_eq!(r, Ok(()));
+        assert_eq!(ctx.exec, ["SET x = 1", "42"]);
+        assert_eq!(ctx.params, set(&[("a", "b")]));
+        assert_eq!(ctx.notices, ["dflt"]);
+        assert_eq!(
+            vars,
+            [
+                ("f".to_string(), VarValue::Num(1.5)),
+                ("k".to_string(), VarValue::Str("v".into()))
+            ]
+            .into_iter()
+            .collect()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_hook_may_replace_its_handler() {
+        let h = hook(
+            r#"
+function client_connection(ctx)
+  ctx:set("which", "first")
+  client_connection = function(ctx) ctx:set("which", "second") end
+end
+"#,
+        );
+        let mut vars = super::super::Vars::new();
+        let (_, ctx) = connect(&h, &client(), &mut vars).await;
+        assert_eq!(ctx.params, set(&[("which", "first")]));
+        let (_, ctx) = connect(&h, &client(), &mut vars).await;
+        assert_eq!(ctx.params, set(&[("which", "second")]));
+        let h = hook("function client_connection(ctx) client_connection = nil end");
+        assert_eq!(connect(&h, &client(), &mut vars).await.0, Ok(()));
+        assert_eq!(
+            connect(&h, &client(), &mut vars).await.0,
+            Err(HookError::Failed("no client_connection handler".into()))
+        );
+    }
+
+    #[tokio::test]
+    async fn clients_taking_turns_on_one_vm_see_their_own_fields() {
+        let h = hook("function client_connection(ctx) ctx:set('who', ctx.user .. '@' .. ctx.client_addr .. ':' .. ctx.client_port) end");
+        let mut bob = client();
+        bob.user = "bob".into();
+        bob.addr = "[::1]:6000".parse().unwrap();
+        let mut vars = super::super::Vars::new();
+        for (c, who) in [
+            (&bob, "bob@::1:6000"),
+            (&client(), "alice@10.1.2.3:5000"),
+            (&client(), "alice@10.1.2.3:5000"),
+            (&bob, "bob@::1:6000"),
+        ] {
+            let (_, ctx) = connect(&h, c, &mut vars).await;
+            assert_eq!(ctx.params, set(&[("who", who)]));
+        }
     }
 
     #[tokio::test]

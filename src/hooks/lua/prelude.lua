@@ -1,11 +1,36 @@
--- Loaded into every hook VM before the hook files: the methods of `ctx`.
--- Results are collected in fields the engine reads back after each call.
+-- Loaded into every hook VM before the hook files: the methods of `ctx`
+-- and `run`, through which the engine calls every handler.
 local Ctx = {}
 
-local function allowed_in(ctx, what, ...)
-  for _, event in ipairs({ ... }) do
-    if ctx.event == event then return end
+-- The call in progress: [1] its ctx; [2] what it decided so far, false
+-- for nothing: one string of "<length>:<bytes>" items, tagged "S" name
+-- value (ctx:set), "E" sql (ctx:exec), "N" message (ctx:notice), "R"
+-- message sqlstate detail hint ("" when absent; the last one counts), "U"
+-- (the client fields were unpacked, so ctx.vars is to be read back). The
+-- engine reads [2] after the call (and [3], earlier items of a long
+-- record), and the ctx only after a "U". A ctx kept past its call decides
+-- nothing.
+local state = {}
+
+--- Appends items to state[2], moving a long one to the list state[3]
+--- first (so that many decisions cost no more than their size).
+local function record(items)
+  local decided = state[2]
+  if decided and #decided > 1024 then
+    local chunks = state[3]
+    if chunks == nil then
+      chunks = {}
+      state[3] = chunks
+    end
+    chunks[#chunks + 1] = decided
+    decided = false
   end
+  state[2] = (decided or "") .. items
+end
+
+local function allowed_in(ctx, what, first, second)
+  local event = ctx.event
+  if event == first or (second ~= nil and event == second) then return end
   error(what .. " is not available in " .. ctx.event, 3)
 end
 
@@ -17,18 +42,22 @@ function Ctx:reject(message, opts)
   if sqlstate and not sqlstate:match("^[0-9A-Z][0-9A-Z][0-9A-Z][0-9A-Z][0-9A-Z]$") then
     error("ctx:reject: sqlstate must be five characters 0-9/A-Z, got " .. sqlstate, 2)
   end
-  rawset(self, "_reject", {
-    message = tostring(message),
-    sqlstate = sqlstate,
-    detail = opts.detail and tostring(opts.detail) or nil,
-    hint = opts.hint and tostring(opts.hint) or nil,
-  })
+  message = tostring(message)
+  sqlstate = sqlstate or ""
+  local detail = opts.detail and tostring(opts.detail) or ""
+  local hint = opts.hint and tostring(opts.hint) or ""
+  if state[1] ~= self then return end
+  record("1:R" .. #message .. ":" .. message .. #sqlstate .. ":" .. sqlstate
+    .. #detail .. ":" .. detail .. #hint .. ":" .. hint)
 end
 
 --- Set a session parameter, applied on every server connection the session uses.
 function Ctx:set(name, value)
   allowed_in(self, "ctx:set", "client_connection", "session_start")
-  table.insert(self._set, { tostring(name), tostring(value) })
+  name = tostring(name)
+  value = tostring(value)
+  if state[1] ~= self then return end
+  record("1:S" .. #name .. ":" .. name .. #value .. ":" .. value)
 end
 
 --- Run a statement on the session's server connection (session mode, session_start).
@@ -37,38 +66,41 @@ function Ctx:exec(sql)
   if self.pool_mode ~= "session" then
     error("ctx:exec is only available in session mode", 2)
   end
-  table.insert(self._exec, tostring(sql))
+  sql = tostring(sql)
+  if state[1] ~= self then return end
+  record("1:E" .. #sql .. ":" .. sql)
 end
 
 --- Send the client a NOTICE.
 function Ctx:notice(message)
   allowed_in(self, "ctx:notice", "client_connection", "session_start")
-  table.insert(self._notices, tostring(message))
+  message = tostring(message)
+  if state[1] ~= self then return end
+  record("1:N" .. #message .. ":" .. message)
 end
 
--- Crossing between Rust and Lua costs a protected call per value, so a
--- ctx goes in, and the decisions come out, as one string each: a list of
--- "<length>:<bytes>" items.
+-- A ctx's client fields go in as one string, built by the engine: a list
+-- of "<length>:<bytes>" items, then the startup parameters as on the wire
+-- ("name\0value\0" pairs); its vars as another (nil when there are none).
+-- They are unpacked on first use: a hook that never looks at them (or an
+-- event without a client) pays nothing for them.
 
-local function decode(blob)
-  local out, n, pos = {}, 0, 1
-  while pos <= #blob do
-    local colon = string.find(blob, ":", pos, true)
-    local len = tonumber(string.sub(blob, pos, colon - 1))
+local find, sub, gmatch, tointeger = string.find, string.sub, string.gmatch, math.tointeger
+
+--- Fills a ctx's client fields from its blobs. The client blob's items
+--- are: id, user, database, application_name, client_addr, client_port,
+--- auth_method, pool_mode, tls version, cipher, client certificate subject
+--- ("" when absent); the startup parameters follow. The vars blob holds
+--- type/key/value triples (type "s", "i", "n" or "b").
+local function unpack_client(ctx, blob, varblob)
+  local a, n, pos = {}, 0, 1
+  while n < 11 do
+    local colon = find(blob, ":", pos, true)
+    local len = tonumber(sub(blob, pos, colon - 1))
     n = n + 1
-    out[n] = string.sub(blob, colon + 1, colon + len)
+    a[n] = sub(blob, colon + 1, colon + len)
     pos = colon + len + 1
   end
-  return out, n
-end
-
---- Fills a ctx's client fields from its blob. The blob holds: id, user,
---- database, application_name, client_addr, client_port, auth_method,
---- pool_mode, tls version, cipher, client certificate subject ("" when
---- absent), the number of startup parameters, their key/value pairs, then
---- the vars as type/key/value triples (type "s", "i", "n" or "b").
-local function unpack_client(ctx, blob)
-  local a, n = decode(blob)
   rawset(ctx, "id", tonumber(a[1]))
   rawset(ctx, "user", a[2])
   rawset(ctx, "database", a[3])
@@ -81,43 +113,67 @@ local function unpack_client(ctx, blob)
     rawset(ctx, "tls", { version = a[9], cipher = a[10], client_cert_subject = a[11] ~= "" and a[11] or nil })
   end
   local startup, vars = {}, {}
-  local last = 12 + tonumber(a[12]) * 2
-  for i = 13, last, 2 do startup[a[i]] = a[i + 1] end
-  for i = last + 1, n, 3 do
-    local kind, key, value = a[i], a[i + 1], a[i + 2]
-    if kind == "i" then value = math.tointeger(tonumber(value))
-    elseif kind == "n" then value = tonumber(value)
-    elseif kind == "b" then value = value == "true" end
-    vars[key] = value
+  for k, v in gmatch(sub(blob, pos), "([^\0]*)\0([^\0]*)\0") do startup[k] = v end
+  if varblob ~= nil then
+    local v, m = {}, 0
+    pos = 1
+    while pos <= #varblob do
+      local colon = find(varblob, ":", pos, true)
+      local len = tonumber(sub(varblob, pos, colon - 1))
+      m = m + 1
+      v[m] = sub(varblob, colon + 1, colon + len)
+      pos = colon + len + 1
+    end
+    for i = 1, m, 3 do
+      local kind, key, value = v[i], v[i + 1], v[i + 2]
+      if kind == "i" then value = tointeger(tonumber(value))
+      elseif kind == "n" then value = tonumber(value)
+      elseif kind == "b" then value = value == "true" end
+      vars[key] = value
+    end
   end
   rawset(ctx, "startup", startup)
   rawset(ctx, "vars", vars)
 end
 
--- A ctx unpacks its client fields on first use: a hook that never looks
--- at them (or an event without a client) pays nothing for them.
 Ctx.__index = function(ctx, key)
   local method = Ctx[key]
   if method ~= nil then return method end
   local blob = rawget(ctx, "_blob")
   if blob == nil then return nil end
+  local varblob = rawget(ctx, "_vars")
   rawset(ctx, "_blob", nil)
-  unpack_client(ctx, blob)
+  rawset(ctx, "_vars", nil)
+  if state[1] == ctx then record("1:U") end
+  unpack_client(ctx, blob, varblob)
   return rawget(ctx, key)
 end
 
---- Builds a ctx; an empty blob means an event without a client. `reason`
---- is session_start's (nil for other events).
-local function build(event, blob, reason)
-  return setmetatable({ event = event, reason = reason, _set = {}, _exec = {}, _notices = {},
-                        _blob = blob ~= "" and blob or nil }, Ctx)
+-- What run returns when the file has no handler for the event (any more:
+-- a hook may replace its globals).
+local no_handler = {}
+
+--- Calls the handler of `event` in the file environment `env` with a
+--- fresh ctx: `blob` and `varblob` hold the client's fields and vars (nil
+--- for an event without a client, and for no vars), `reason` is
+--- session_start's, `fields` a table of further fields (or nil). A tail
+--- call: the handler's stack levels are those of a direct call from the
+--- engine.
+local function run(env, event, blob, varblob, reason, fields)
+  local handler = rawget(env, event)
+  if type(handler) ~= "function" then return no_handler end
+  local ctx = setmetatable({ event = event, reason = reason, _blob = blob, _vars = varblob }, Ctx)
+  if fields ~= nil then
+    for k, v in next, fields do rawset(ctx, k, v) end
+  end
+  state[1], state[2], state[3] = ctx, false, nil
+  return handler(ctx)
 end
 
---- What the hook decided, as one blob of tagged items: "S" name value
---- (ctx:set), "E" sql, "N" notice, "R" message sqlstate detail hint (""
---- when absent), "V" type key value (ctx.vars), "K" (vars untouched: keep
---- them).
-local function summarize(ctx)
+--- The vars as one blob of type/key/value items, for vars the engine does
+--- not read itself (a metatable, keys other than strings, values other
+--- than strings, integers and booleans).
+local function encode_vars(vars)
   local parts, n = {}, 0
   local function add(...)
     for i = 1, select("#", ...) do
@@ -126,25 +182,15 @@ local function summarize(ctx)
       parts[n] = #s .. ":" .. s
     end
   end
-  for _, p in ipairs(ctx._set) do add("S", p[1], p[2]) end
-  for _, s in ipairs(ctx._exec) do add("E", s) end
-  for _, s in ipairs(ctx._notices) do add("N", s) end
-  local r = rawget(ctx, "_reject")
-  if r then add("R", r.message, r.sqlstate or "", r.detail or "", r.hint or "") end
-  -- Vars never unpacked were not changed: the caller keeps its own.
-  if rawget(ctx, "_blob") ~= nil then add("K") end
-  local vars = rawget(ctx, "vars")
-  if type(vars) == "table" then
-    for k, v in pairs(vars) do
-      local t = type(v)
-      if t == "string" then add("V", "s", k, v)
-      elseif math.type(v) == "integer" then add("V", "i", k, v)
-      elseif t == "number" then add("V", "n", k, v)
-      elseif t == "boolean" then add("V", "b", k, v)
-      else error("ctx.vars." .. tostring(k) .. ": only strings, numbers and booleans are kept, got " .. t, 0) end
-    end
+  for k, v in pairs(vars) do
+    local t = type(v)
+    if t == "string" then add("s", k, v)
+    elseif math.type(v) == "integer" then add("i", k, v)
+    elseif t == "number" then add("n", k, v)
+    elseif t == "boolean" then add("b", k, v)
+    else error("ctx.vars." .. tostring(k) .. ": only strings, numbers and booleans are kept, got " .. t, 0) end
   end
   return table.concat(parts)
 end
 
-return Ctx, build, summarize
+return Ctx, state, run, encode_vars, no_handler

@@ -9,8 +9,9 @@
 
 use super::api;
 use super::LuaServices;
+use crate::hooks::{Event, SessionReason};
 use mlua::chunk::ChunkMode;
-use mlua::{Function, HookTriggers, Lua, LuaOptions, StdLib, Table, Value, VmState};
+use mlua::{Function, HookTriggers, Lua, LuaOptions, LuaString, StdLib, Table, Value, VmState};
 use parking_lot::Mutex;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -60,14 +61,14 @@ pub(super) async fn within_budget<T>(
     lua: &Lua,
     call: impl std::future::Future<Output = mlua::Result<T>>,
 ) -> mlua::Result<T> {
-    let deadline = lua.app_data_ref::<Budget>().and_then(|b| b.deadline());
+    let deadline = lua.app_data_ref::<Arc<Budget>>().and_then(|b| b.deadline());
     let Some(deadline) = deadline else {
         return call.await;
     };
     match tokio::time::timeout_at(deadline.into(), call).await {
         Ok(r) => r,
         Err(_) => {
-            if let Some(b) = lua.app_data_ref::<Budget>() {
+            if let Some(b) = lua.app_data_ref::<Arc<Budget>>() {
                 b.exceed();
             }
             Err(mlua::Error::runtime("hook exceeded its time budget"))
@@ -100,9 +101,58 @@ pub(super) enum VmError {
 pub(super) struct Vm {
     pub lua: Lua,
     pub files: Vec<Table>,
-    /// The prelude's ctx builder and summarizer (see prelude.lua).
-    pub ctx_build: Function,
-    pub ctx_summarize: Function,
+    /// The prelude's call wrapper, its record of the call in progress and
+    /// its vars encoder (see prelude.lua).
+    pub run: Function,
+    pub state: Table,
+    pub encode_vars: Function,
+    /// What `run` returns when the file has no handler for the event.
+    pub no_handler: Table,
+    /// The last client blob passed in, and its Lua string: a client's
+    /// events usually run one after another on the same VM.
+    last_blob: Option<(String, LuaString)>,
+    /// The time budget of the call running (also the VM's app data, for
+    /// awaited calls).
+    pub budget: Arc<Budget>,
+    /// Strings passed or looked up on every call, made once.
+    pub names: Names,
+}
+
+/// Lua strings the engine uses on every call.
+pub(super) struct Names {
+    /// Per [`Event`] (its index).
+    pub events: [LuaString; 4],
+    /// Per [`SessionReason`].
+    pub reasons: [LuaString; 3],
+    pub vars: LuaString,
+}
+
+impl Names {
+    fn new(lua: &Lua) -> mlua::Result<Names> {
+        let s = |text: &str| lua.create_string(text);
+        Ok(Names {
+            events: [
+                s(Event::AuthAttempt.name())?,
+                s(Event::ClientConnection.name())?,
+                s(Event::SessionStart.name())?,
+                s(Event::SessionEnd.name())?,
+            ],
+            reasons: [
+                s(SessionReason::NewSession.as_str())?,
+                s(SessionReason::DiscardAll.as_str())?,
+                s(SessionReason::ReusedServer.as_str())?,
+            ],
+            vars: s("vars")?,
+        })
+    }
+
+    pub fn reason(&self, reason: SessionReason) -> &LuaString {
+        &self.reasons[match reason {
+            SessionReason::NewSession => 0,
+            SessionReason::DiscardAll => 1,
+            SessionReason::ReusedServer => 2,
+        }]
+    }
 }
 
 impl Vm {
@@ -125,13 +175,13 @@ impl Vm {
         )?;
         // The budget hook comes first: threads mlua creates before it is set
         // would run without it.
-        lua.set_app_data(Budget::new());
+        let budget = Arc::new(Budget::new());
+        lua.set_app_data(budget.clone());
+        let watched = budget.clone();
         lua.set_global_hook(
             HookTriggers::new().every_nth_instruction(1000),
-            |lua, _debug| {
-                let Some(budget) = lua.app_data_ref::<Budget>() else {
-                    return Ok(VmState::Continue);
-                };
+            move |_lua, _debug| {
+                let budget = &watched;
                 let past = budget.deadline.lock().is_some_and(|d| Instant::now() >= d);
                 if past {
                     budget.exceed();
@@ -141,12 +191,19 @@ impl Vm {
             },
         )?;
         let base = sandbox(&lua, dir, services).map_err(VmError::Sandbox)?;
-        let (_ctx_meta, ctx_build, ctx_summarize): (Table, Function, Function) = lua
+        let (_ctx_meta, state, run, encode_vars, no_handler): (
+            Table,
+            Table,
+            Function,
+            Function,
+            Table,
+        ) = lua
             .load(include_str!("prelude.lua"))
             .set_name("=usher prelude")
             .set_environment(base.clone())
             .eval()
             .map_err(VmError::Prelude)?;
+        let names = Names::new(&lua).map_err(VmError::Prelude)?;
         // Limit memory only once the sandbox exists, so the limit bounds what
         // hooks allocate rather than usher's own set-up.
         let mut files = Vec::with_capacity(sources.len());
@@ -166,14 +223,33 @@ impl Vm {
         Ok(Vm {
             lua,
             files,
-            ctx_build,
-            ctx_summarize,
+            run,
+            state,
+            encode_vars,
+            no_handler,
+            last_blob: None,
+            names,
+            budget,
         })
     }
 
-    /// The handler of `event` in file `index`, if the file defines one.
-    pub fn handler(&self, index: usize, event: &str) -> Option<Function> {
-        match self.files.get(index)?.raw_get::<Value>(event) {
+    /// `blob` as a Lua string, the one made last time if it is the same.
+    pub fn blob(&mut self, blob: String) -> mlua::Result<LuaString> {
+        if let Some((text, s)) = &self.last_blob {
+            if *text == blob {
+                return Ok(s.clone());
+            }
+        }
+        let s = self.lua.create_string(&blob)?;
+        self.last_blob = Some((blob, s.clone()));
+        Ok(s)
+    }
+
+    /// The handler of `event` in file `index`, if the file defines one: its
+    /// global of that name now (a hook may replace its handlers).
+    pub fn handler(&self, index: usize, event: Event) -> Option<Function> {
+        let name = &self.names.events[event as usize];
+        match self.files.get(index)?.raw_get::<Value>(name) {
             Ok(Value::Function(f)) => Some(f),
             _ => None,
         }
@@ -236,7 +312,7 @@ fn sandbox(lua: &Lua, dir: &Path, services: Arc<LuaServices>) -> mlua::Result<Ta
 fn guard_error_catchers(lua: &Lua, base: &Table) -> mlua::Result<()> {
     let exceeded = lua.create_function(|lua, ()| {
         Ok(lua
-            .app_data_ref::<Budget>()
+            .app_data_ref::<Arc<Budget>>()
             .is_some_and(|b| b.was_exceeded()))
     })?;
     let wrap: Function = lua

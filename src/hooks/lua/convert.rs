@@ -171,6 +171,27 @@ fn items(blob: &[u8]) -> mlua::Result<Vec<String>> {
     Ok(out)
 }
 
+/// A record of the prelude's ctx methods being read: tag bytes, each
+/// followed by its strings as string.pack's "<s4".
+struct Record<'a>(&'a [u8]);
+
+impl Record<'_> {
+    fn tag(&mut self) -> Option<u8> {
+        let (tag, rest) = self.0.split_first()?;
+        self.0 = rest;
+        Some(*tag)
+    }
+
+    fn string(&mut self) -> mlua::Result<String> {
+        let bad = || mlua::Error::runtime("truncated hook record");
+        let (len, rest) = self.0.split_first_chunk::<4>().ok_or_else(bad)?;
+        let len = u32::from_le_bytes(*len) as usize;
+        let bytes = rest.get(..len).ok_or_else(bad)?;
+        self.0 = &rest[len..];
+        Ok(String::from_utf8_lossy(bytes).into_owned())
+    }
+}
+
 /// Reads the decisions of the call that just ran, recorded by the
 /// prelude's ctx methods (see prelude.lua's `state`).
 pub(super) fn collect(vm: &Vm) -> mlua::Result<Collected> {
@@ -192,18 +213,15 @@ pub(super) fn collect(vm: &Vm) -> mlua::Result<Collected> {
     }
     records.push(last);
     for record in &records {
-        let mut it = items(&record.as_bytes())?.into_iter();
-        let mut next = || {
-            it.next()
-                .ok_or_else(|| mlua::Error::runtime("truncated hook record"))
-        };
-        while let Ok(tag) = next() {
-            match tag.as_str() {
-                "S" => out.params.push((next()?, next()?)),
-                "E" => out.exec.push(next()?),
-                "N" => out.notices.push(next()?),
-                "R" => {
-                    let (message, code, detail, hint) = (next()?, next()?, next()?, next()?);
+        let mut r = Record(&record.as_bytes());
+        while let Some(tag) = r.tag() {
+            match tag {
+                b'S' => out.params.push((r.string()?, r.string()?)),
+                b'E' => out.exec.push(r.string()?),
+                b'N' => out.notices.push(r.string()?),
+                b'R' => {
+                    let (message, code, detail, hint) =
+                        (r.string()?, r.string()?, r.string()?, r.string()?);
                     let some = |s: String| (!s.is_empty()).then_some(s);
                     out.reject = Some(Rejection {
                         message,
@@ -214,7 +232,7 @@ pub(super) fn collect(vm: &Vm) -> mlua::Result<Collected> {
                         hook: String::new(),
                     });
                 }
-                "U" => {
+                b'U' => {
                     // Unpacked: ctx.vars is what the hook left (vars never
                     // unpacked were not changed: the caller keeps its own).
                     let ctx: Table = vm.state.raw_get(1)?;

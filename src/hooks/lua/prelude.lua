@@ -2,8 +2,15 @@
 -- and `run`, through which the engine calls every handler.
 local Ctx = {}
 
+-- The plumbing, as upvalues: no lookup in the (large) global table per
+-- use, and a hook that replaces a global cannot break the engine. (The
+-- conversions hooks see, tostring, stay globals, as they always were.)
+local rawget, rawset, setmetatable, type, next, error = rawget, rawset, setmetatable, type, next, error
+local pack = string.pack
+
 -- The call in progress: [1] its ctx; [2] what it decided so far, false
--- for nothing: one string of "<length>:<bytes>" items, tagged "S" name
+-- for nothing: one string of items, each a tag byte and its strings
+-- (string.pack "<s4": a 4-byte little-endian length, the bytes): "S" name
 -- value (ctx:set), "E" sql (ctx:exec), "N" message (ctx:notice), "R"
 -- message sqlstate detail hint ("" when absent; the last one counts), "U"
 -- (the client fields were unpacked, so ctx.vars is to be read back). The
@@ -47,8 +54,7 @@ function Ctx:reject(message, opts)
   local detail = opts.detail and tostring(opts.detail) or ""
   local hint = opts.hint and tostring(opts.hint) or ""
   if state[1] ~= self then return end
-  record("1:R" .. #message .. ":" .. message .. #sqlstate .. ":" .. sqlstate
-    .. #detail .. ":" .. detail .. #hint .. ":" .. hint)
+  record(pack("<Bs4s4s4s4", 82, message, sqlstate, detail, hint))
 end
 
 --- Set a session parameter, applied on every server connection the session uses.
@@ -57,7 +63,7 @@ function Ctx:set(name, value)
   name = tostring(name)
   value = tostring(value)
   if state[1] ~= self then return end
-  record("1:S" .. #name .. ":" .. name .. #value .. ":" .. value)
+  record(pack("<Bs4s4", 83, name, value))
 end
 
 --- Run a statement on the session's server connection (session mode, session_start).
@@ -68,7 +74,7 @@ function Ctx:exec(sql)
   end
   sql = tostring(sql)
   if state[1] ~= self then return end
-  record("1:E" .. #sql .. ":" .. sql)
+  record(pack("<Bs4", 69, sql))
 end
 
 --- Send the client a NOTICE.
@@ -76,7 +82,7 @@ function Ctx:notice(message)
   allowed_in(self, "ctx:notice", "client_connection", "session_start")
   message = tostring(message)
   if state[1] ~= self then return end
-  record("1:N" .. #message .. ":" .. message)
+  record(pack("<Bs4", 78, message))
 end
 
 -- A ctx's client fields go in as one string, built by the engine: a list
@@ -144,7 +150,7 @@ Ctx.__index = function(ctx, key)
   local varblob = rawget(ctx, "_vars")
   rawset(ctx, "_blob", nil)
   rawset(ctx, "_vars", nil)
-  if state[1] == ctx then record("1:U") end
+  if state[1] == ctx then record("U") end
   unpack_client(ctx, blob, varblob)
   return rawget(ctx, key)
 end

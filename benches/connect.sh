@@ -20,11 +20,7 @@ ROUNDS=${ROUNDS:-3}
 CLIENTS=${CLIENTS:-8}
 . benches/lib.sh
 
-mkdir -p "$work/trivial"
-cat >"$work/trivial/10-trivial.lua" <<'LUA'
-function client_connection(ctx) end
-function session_start(ctx) ctx:set("application_name", "bench") end
-LUA
+write_trivial_hook "$work/trivial"
 export PGPASSWORD=bench-pw
 pgbench -i -q -s 1 -h 127.0.0.1 -p "$PGPORT" -U bench bench >/dev/null 2>&1
 OFF_PORT=$(free_port)

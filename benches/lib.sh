@@ -136,3 +136,13 @@ ${1:-}"
   U_PID=$USHER_PID
   start_pgbouncer "$PGB_PORT"
 }
+
+# write_trivial_hook DIR: the trivial client_connection + session_start
+# hook whose cost connect.sh and connect_callgrind.sh measure.
+write_trivial_hook() {
+  mkdir -p "$1"
+  cat >"$1/10-trivial.lua" <<'LUA'
+function client_connection(ctx) end
+function session_start(ctx) ctx:set("application_name", "bench") end
+LUA
+}

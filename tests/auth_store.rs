@@ -20,10 +20,7 @@ const STORE_PASSWORD: &str = "mon-pw";
 /// The store's role and a schema of its own for one test (tests share the
 /// cluster and run at once).
 fn store_schema(pg: &PgCluster, schema: &str) {
-    pg.psql_super(&format!(
-        "DO $$ BEGIN CREATE ROLE {STORE_USER} LOGIN PASSWORD '{STORE_PASSWORD}'; \
-         EXCEPTION WHEN duplicate_object THEN NULL; END $$"
-    ));
+    pg.ensure_role(STORE_USER, &format!("LOGIN PASSWORD '{STORE_PASSWORD}'"));
     pg.psql_super_db(
         "app",
         &format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema} AUTHORIZATION {STORE_USER}"),

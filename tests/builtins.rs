@@ -26,9 +26,7 @@ async fn refused(usher: &Usher, conn: &str) -> (String, String) {
 
 /// Creates a NOLOGIN role on the server if it does not exist.
 fn create_role(pg: &PgCluster, role: &str) {
-    pg.psql_super(&format!(
-        "DO $$ BEGIN CREATE ROLE {role} NOLOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$"
-    ));
+    pg.ensure_role(role, "NOLOGIN");
 }
 
 /// The `hooks:` section with the role graph read through alice, refreshed

@@ -480,7 +480,7 @@ async fn no_hooks_flag_and_environment_start_with_hooks_off() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_hook_api_query_shared_roles_and_vars() {
     let pg = PgCluster::shared();
-    pg.psql_super("DO $$ BEGIN CREATE ROLE hook_reporting NOLOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$");
+    pg.ensure_role("hook_reporting", "NOLOGIN");
     pg.psql_super("GRANT hook_reporting TO bob");
     let hooks = HookDir::new(&[
         (

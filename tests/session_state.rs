@@ -102,7 +102,8 @@ async fn set_config_stays_with_its_client() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn set_role_stays_with_its_client() {
     let pg = PgCluster::shared();
-    pg.psql_super("DO $$ BEGIN CREATE ROLE state_reader; EXCEPTION WHEN duplicate_object THEN NULL; END $$; GRANT state_reader TO alice");
+    pg.ensure_role("state_reader", "");
+    pg.psql_super("GRANT state_reader TO alice");
     let usher = usher(pg, "transaction").await;
     let port = usher.addr.port();
     let a = alice_with(port, "").await;

@@ -256,6 +256,17 @@ impl PgCluster {
         self.psql_super_db("postgres", sql)
     }
 
+    /// Creates `role` with `attributes` (e.g. "NOLOGIN") unless it exists.
+    /// Tests share the cluster and run at once: two creating the same role
+    /// together meet as a unique_violation on pg_authid, not as
+    /// duplicate_object, so both mean "already there".
+    pub fn ensure_role(&self, role: &str, attributes: &str) {
+        self.psql_super(&format!(
+            "DO $$ BEGIN CREATE ROLE {role} {attributes}; \
+             EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$"
+        ));
+    }
+
     /// Runs SQL as the superuser over the Unix socket; returns the output.
     pub fn psql_super_db(&self, db: &str, sql: &str) -> String {
         let out = Command::new("psql")

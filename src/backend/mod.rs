@@ -191,9 +191,9 @@ impl ServerConn {
         self.last_used
     }
 
-    /// It was just used (checked in).
-    pub fn touch(&mut self) {
-        self.last_used = Instant::now();
+    /// It was used at `now` (checked in then).
+    pub fn touch(&mut self, now: Instant) {
+        self.last_used = now;
     }
 
     /// Parameters as the server reported them (and usher's settings of

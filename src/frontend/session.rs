@@ -347,9 +347,12 @@ impl Session {
         // KILL_CLIENT / KILL end the session wherever it is, even waiting
         // for a server connection; what it held is then in an unknown state.
         let handle = self.registration.handle.clone();
+        // Biased (no random draw per poll): the kill is looked at first,
+        // and costs one flag read when there is none.
         let (end, interrupted) = tokio::select! {
-            end = self.serve_loop(client, &mut fwd) => (end, false),
+            biased;
             _ = handle.killed() => (LoopEnd::Error(killed()), true),
+            end = self.serve_loop(client, &mut fwd) => (end, false),
         };
         if let LoopEnd::Idle = end {
             fwd.give_back_buffers();
@@ -550,7 +553,14 @@ impl Session {
             // Backpressure: nothing more from the client until what it sent
             // is on its way to the server.
             let read_client = to_server.is_empty();
+            // Biased, in this order (no random draw per turn): shutdown and
+            // the idle timer are rare; the client comes before the server,
+            // which cannot starve it (a client read is not taken again
+            // until what it queued is written, and a write the server
+            // does not take lets its reads through).
             let event = tokio::select! {
+                biased;
+                _ = shutdown.changed(), if idle => LoopEvent::Shutdown,
                 end = async {
                     match idle_limit {
                         Some((t, error)) => {
@@ -595,10 +605,17 @@ impl Session {
                         };
                     }
                 },
-                _ = shutdown.changed(), if idle => LoopEvent::Shutdown,
             };
             let mut result = match event {
-                LoopEvent::ClientData => self.forward_client_data(client, fwd).await,
+                LoopEvent::ClientData => {
+                    let forwarded = self.forward_client_data(client, fwd).await;
+                    if let (Ok(()), Some(c)) = (&forwarded, fwd.held.as_mut()) {
+                        if !fwd.to_server.is_empty() {
+                            write_to_server_now(c.conn.stream_mut(), &mut fwd.to_server).await;
+                        }
+                    }
+                    forwarded
+                }
                 LoopEvent::ServerData => self.forward_server_data(client, fwd).await,
                 LoopEvent::ServerWritten | LoopEvent::Shutdown => Ok(()),
             };
@@ -1075,10 +1092,11 @@ impl Session {
         }
         self.unpinned(fwd);
         let checkout = fwd.held.take().expect("a server connection is held");
-        let lent = fwd.lent_at.elapsed();
+        let now = Instant::now();
+        let lent = now.saturating_duration_since(fwd.lent_at);
         self.registration.handle.set_server(None);
         if fwd.out_buf.is_empty() {
-            self.pool.checkin(checkout);
+            self.pool.checkin_at(checkout, now);
         } else {
             // The server said more after its last ReadyForQuery: not clean.
             let _ = client.write_all(&fwd.out_buf).await;
@@ -1437,6 +1455,32 @@ fn move_to_server(queue: &mut BytesMut, from: &mut BytesMut, n: usize) {
     }
 }
 
+/// Drops the first `n` queued bytes, written to the server.
+fn wrote_to_server(to_server: &mut BytesMut, n: usize) {
+    spare_buffers::consume(to_server, n);
+    if to_server.is_empty() && to_server.capacity() > budget::FREE_BYTES {
+        // A large message's buffer is not kept (nor charged): let it go
+        // once it is written.
+        *to_server = BytesMut::new();
+    }
+}
+
+/// Writes what is queued for the server if the socket takes it now, without
+/// waiting: the usual Query goes out in the turn that read it, not a loop
+/// turn later. Anything else (a full socket, an error) is left to
+/// [`server_io`], which waits and reports.
+async fn write_to_server_now(stream: &mut crate::backend::ServerStream, to_server: &mut BytesMut) {
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(Ok(n)) = Pin::new(&mut *stream).poll_write(cx, to_server) {
+            if n > 0 {
+                wrote_to_server(to_server, n);
+            }
+        }
+        Poll::Ready(())
+    })
+    .await
+}
+
 /// Writes queued bytes to the server and reads what it sends, whichever
 /// can happen first: the server is read even while a write waits, since a
 /// server blocked on its own output reads nothing more.
@@ -1455,12 +1499,7 @@ async fn server_io(
                     return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into()))
                 }
                 Poll::Ready(Ok(n)) => {
-                    spare_buffers::consume(to_server, n);
-                    if to_server.is_empty() && to_server.capacity() > budget::FREE_BYTES {
-                        // A large message's buffer is not kept (nor
-                        // charged): let it go once it is written.
-                        *to_server = BytesMut::new();
-                    }
+                    wrote_to_server(to_server, n);
                     return Poll::Ready(Ok(ServerIo::Wrote));
                 }
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),

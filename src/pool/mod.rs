@@ -135,8 +135,8 @@ impl Pooled for Box<ServerConn> {
     fn last_used(&self) -> Instant {
         ServerConn::last_used(self)
     }
-    fn touch(&mut self) {
-        ServerConn::touch(self)
+    fn touch(&mut self, now: Instant) {
+        ServerConn::touch(self, now)
     }
 }
 
@@ -456,8 +456,12 @@ impl Pool {
     /// pool, or closes it if it has outlived `server_lifetime` (or RECONNECT
     /// or PAUSE came meanwhile).
     pub fn checkin(&self, checkout: Checkout) {
-        self.slots
-            .checkin(checkout.conn, checkout.lease, Instant::now());
+        self.checkin_at(checkout, Instant::now());
+    }
+
+    /// [`Pool::checkin`] for a caller that has just read the clock.
+    pub fn checkin_at(&self, checkout: Checkout, now: Instant) {
+        self.slots.checkin(checkout.conn, checkout.lease, now);
     }
 
     /// Closes a server connection that is not safe to reuse.

@@ -28,8 +28,8 @@ pub(super) trait Pooled {
     fn generation(&self) -> u64;
     fn created(&self) -> Instant;
     fn last_used(&self) -> Instant;
-    /// Marks it used now (it is being checked in).
-    fn touch(&mut self);
+    /// Marks it used at `now` (it is being checked in).
+    fn touch(&mut self, now: Instant);
 }
 
 /// The slots, idle connections and state of one pool.
@@ -322,7 +322,7 @@ impl<C: Pooled> Slots<C> {
             tracing::debug!(server = conn.id(), "reconnect or pause; closing");
             CheckedIn::Stale
         } else {
-            conn.touch();
+            conn.touch(now);
             self.add_idle(conn);
             return CheckedIn::Idle; // the lease drops here
         };
@@ -466,8 +466,8 @@ mod tests {
         fn last_used(&self) -> Instant {
             self.last_used
         }
-        fn touch(&mut self) {
-            self.last_used = Instant::now();
+        fn touch(&mut self, now: Instant) {
+            self.last_used = now;
         }
     }
 

@@ -807,6 +807,12 @@ impl Session {
             let rewrite = stopped_at
                 .filter(|(_, step)| matches!(step, ClientStep::Rewrite | ClientStep::Refuse));
             if (walked.forward > 0 || rewrite.is_some()) && fwd.held.is_none() {
+                if pool.would_wait() {
+                    // A client queued for a server keeps only what it sent,
+                    // not a forwarding buffer: a thousand waiting clients
+                    // would otherwise hold 16 MiB, and empty the spare lists.
+                    spare_buffers::shrink_to_fit(&mut fwd.in_buf);
+                }
                 // Boxed (one allocation per transaction): checkout, the
                 // parameter sync and session mode's hooks make a future of
                 // a few KB that would otherwise sit in every idle client.

@@ -70,6 +70,15 @@ pub fn give(mut buf: BytesMut) {
     });
 }
 
+/// Moves a buffer's bytes into one of their size and gives the block back
+/// (a client that will wait holds only what it sent).
+pub fn shrink_to_fit(buf: &mut BytesMut) {
+    if buf.capacity() > buf.len() {
+        let small = BytesMut::from(&buf[..]);
+        give(std::mem::replace(buf, small));
+    }
+}
+
 /// Gives the buffer back and leaves an empty one (no memory) in its place.
 pub fn give_back(buf: &mut BytesMut) {
     give(std::mem::take(buf));
@@ -103,6 +112,18 @@ mod tests {
         drop(shared);
         give(BytesMut::with_capacity(4 * BUFFER_SIZE));
         assert_eq!(SPARE.with(|s| s.borrow().len()), 0, "large buffer kept");
+    }
+
+    #[test]
+    fn shrinking_keeps_the_bytes_and_gives_the_block_back() {
+        while SPARE.with(|s| s.borrow_mut().pop()).is_some() {}
+        let mut a = take();
+        a.extend_from_slice(b"Q\0\0\0\x0bSELECT 1\0");
+        let block = a.as_ptr();
+        shrink_to_fit(&mut a);
+        assert_eq!(&a[..], b"Q\0\0\0\x0bSELECT 1\0");
+        assert!(a.capacity() < BUFFER_SIZE);
+        assert_eq!(take().as_ptr(), block, "the block is the next one taken");
     }
 
     #[test]

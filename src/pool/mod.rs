@@ -346,6 +346,12 @@ impl Pool {
         self.lend(slot).await
     }
 
+    /// Whether [`Pool::checkout`] would wait now (a hint: see
+    /// `Slots::would_wait`).
+    pub fn would_wait(&self) -> bool {
+        self.slots.would_wait()
+    }
+
     /// A server connection if one may be had without waiting (the pool is
     /// not paused and not all of its connections are lent); `None`
     /// otherwise. Opening a new one is not waiting.

@@ -241,6 +241,13 @@ impl<C: Pooled> Slots<C> {
         }
     }
 
+    /// Whether a checkout now would wait: the pool is paused or every
+    /// slot is taken. A hint (it may change at once), for what a client
+    /// keeps while it waits.
+    pub(super) fn would_wait(&self) -> bool {
+        self.is_paused() || self.permits.available_permits() == 0
+    }
+
     /// A slot if one is free now and the pool is not paused; no waiting.
     pub(super) fn try_slot(&self) -> Option<Slot> {
         if self.is_paused() {

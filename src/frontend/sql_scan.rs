@@ -404,57 +404,80 @@ enum Word {
     Other,
 }
 
+/// The words the scan looks for, lower case, and what each is.
+const KEYWORDS: [(&[u8], Word); 36] = {
+    use Word::*;
+    [
+        (b"do", Do),
+        (b"on", On),
+        (b"as", As),
+        (b"set", Set),
+        (b"into", Into),
+        (b"temp", Temp),
+        (b"with", With),
+        (b"hold", Hold),
+        (b"drop", Drop),
+        (b"load", Load),
+        (b"reset", Reset),
+        (b"close", Close),
+        (b"local", Local),
+        (b"listen", Listen),
+        (b"create", Create),
+        (b"global", Global),
+        (b"commit", Commit),
+        (b"discard", Discard),
+        (b"replace", Replace),
+        (b"declare", Declare),
+        (b"prepare", Prepare),
+        (b"pg_temp", PgTemp),
+        (b"execute", Execute),
+        (b"explain", Explain),
+        (b"unlisten", Unlisten),
+        (b"temporary", Temp),
+        (b"deallocate", Deallocate),
+        (b"set_config", SetConfig),
+        (b"transaction", Transaction),
+        (b"pg_advisory_lock", AdvisoryLock),
+        (b"pg_advisory_unlock", AdvisoryUnlock),
+        (b"pg_try_advisory_lock", AdvisoryLock),
+        (b"pg_advisory_unlock_all", AdvisoryUnlock),
+        (b"pg_advisory_lock_shared", AdvisoryLock),
+        (b"pg_advisory_unlock_shared", AdvisoryUnlock),
+        (b"pg_try_advisory_lock_shared", AdvisoryLock),
+    ]
+};
+
+/// The longest keyword, plus one.
+const KEYWORD_LENGTHS: usize = 28;
+
+/// For each length, the first letters of the keywords that long (bit
+/// `letter - 'a'`): most words of a statement (SELECT, FROM, column and
+/// table names) are ruled out by one look-up, with no comparison.
+const FIRST_LETTERS: [u32; KEYWORD_LENGTHS] = {
+    let mut t = [0u32; KEYWORD_LENGTHS];
+    let mut i = 0;
+    while i < KEYWORDS.len() {
+        let name = KEYWORDS[i].0;
+        t[name.len()] |= 1 << (name[0] - b'a');
+        i += 1;
+    }
+    t
+};
+
 impl Word {
-    /// Which word this is, ignoring case; candidates are picked by length
-    /// first, so most words cost one or two comparisons.
+    /// Which word this is, ignoring case.
     fn of(word: &[u8]) -> Word {
-        use Word::*;
-        let candidates: &[(&[u8], Word)] = match word.len() {
-            2 => &[(b"do", Do), (b"on", On), (b"as", As)],
-            3 => &[(b"set", Set)],
-            4 => &[
-                (b"into", Into),
-                (b"temp", Temp),
-                (b"with", With),
-                (b"hold", Hold),
-                (b"drop", Drop),
-                (b"load", Load),
-            ],
-            5 => &[(b"reset", Reset), (b"close", Close), (b"local", Local)],
-            6 => &[
-                (b"listen", Listen),
-                (b"create", Create),
-                (b"global", Global),
-                (b"commit", Commit),
-            ],
-            7 => &[
-                (b"discard", Discard),
-                (b"replace", Replace),
-                (b"declare", Declare),
-                (b"prepare", Prepare),
-                (b"pg_temp", PgTemp),
-                (b"execute", Execute),
-                (b"explain", Explain),
-            ],
-            8 => &[(b"unlisten", Unlisten)],
-            9 => &[(b"temporary", Temp)],
-            10 => &[(b"deallocate", Deallocate), (b"set_config", SetConfig)],
-            11 => &[(b"transaction", Transaction)],
-            16 => &[(b"pg_advisory_lock", AdvisoryLock)],
-            18 => &[(b"pg_advisory_unlock", AdvisoryUnlock)],
-            20 => &[(b"pg_try_advisory_lock", AdvisoryLock)],
-            22 => &[(b"pg_advisory_unlock_all", AdvisoryUnlock)],
-            23 => &[(b"pg_advisory_lock_shared", AdvisoryLock)],
-            25 => &[(b"pg_advisory_unlock_shared", AdvisoryUnlock)],
-            27 => &[(b"pg_try_advisory_lock_shared", AdvisoryLock)],
-            _ => return Other,
-        };
-        // The first letter rules out most candidates (names are lower case).
-        let first = word[0].to_ascii_lowercase();
-        candidates
+        let first = word.first().map_or(0, u8::to_ascii_lowercase);
+        if word.len() >= KEYWORD_LENGTHS
+            || !first.is_ascii_lowercase()
+            || FIRST_LETTERS[word.len()] & (1 << (first - b'a')) == 0
+        {
+            return Word::Other;
+        }
+        KEYWORDS
             .iter()
-            .find(|(name, _)| name[0] == first && word.eq_ignore_ascii_case(name))
-            .map_or(Other, |(_, kind)| *kind)
+            .find(|(name, _)| name.len() == word.len() && word.eq_ignore_ascii_case(name))
+            .map_or(Word::Other, |(_, kind)| *kind)
     }
 }
 
@@ -875,6 +898,51 @@ fn statement_end(sql: &[u8], mut at: usize) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_keyword_is_found_in_any_case_and_nothing_else() {
+        // The advisory lock functions, written out (the table's length
+        // filter must let each through).
+        for (name, kind) in [
+            ("pg_advisory_lock", Word::AdvisoryLock),
+            ("pg_advisory_lock_shared", Word::AdvisoryLock),
+            ("pg_try_advisory_lock", Word::AdvisoryLock),
+            ("pg_try_advisory_lock_shared", Word::AdvisoryLock),
+            ("pg_advisory_unlock", Word::AdvisoryUnlock),
+            ("pg_advisory_unlock_shared", Word::AdvisoryUnlock),
+            ("pg_advisory_unlock_all", Word::AdvisoryUnlock),
+        ] {
+            assert_eq!(Word::of(name.as_bytes()), kind, "{name}");
+        }
+        for (name, kind) in KEYWORDS {
+            let upper = name.to_ascii_uppercase();
+            assert_eq!(Word::of(name), kind, "{}", String::from_utf8_lossy(name));
+            assert_eq!(
+                Word::of(&upper),
+                kind,
+                "{}",
+                String::from_utf8_lossy(&upper)
+            );
+        }
+        for other in [
+            &b"select"[..],
+            b"sets",
+            b"pg_advisory_locks",
+            b"pgbench_accounts",
+            b"d",
+            b"",
+            b"_do",
+            b"\xc3\xa9t\xc3\xa9",
+            b"pg_try_advisory_lock_shared_x",
+        ] {
+            assert_eq!(
+                Word::of(other),
+                Word::Other,
+                "{}",
+                String::from_utf8_lossy(other)
+            );
+        }
+    }
 
     fn settings(sql: &str) -> bool {
         scan(sql.as_bytes()).settings

@@ -486,6 +486,9 @@ impl Session {
         // The phase began because the client was readable (or holds its
         // login's server connection): it parks only after an event.
         let mut woke = false;
+        // Coming from the parked wait, the socket was just seen readable:
+        // the first read need not ask again.
+        let mut known_readable = fwd.held.is_none();
         loop {
             let between_messages =
                 fwd.flow.quiet() && fwd.in_walker.at_boundary() && fwd.to_server.is_empty();
@@ -553,6 +556,7 @@ impl Session {
             // Backpressure: nothing more from the client until what it sent
             // is on its way to the server.
             let read_client = to_server.is_empty();
+            let ask_readable = !std::mem::take(&mut known_readable);
             // Biased, in this order (no random draw per turn): shutdown and
             // the idle timer are rare; the client comes before the server,
             // which cannot starve it (a client read is not taken again
@@ -572,7 +576,9 @@ impl Session {
                 } => return end,
                 read = async {
                     if in_buf.capacity() == in_buf.len() {
-                        client.readable().await?;
+                        if ask_readable {
+                            client.readable().await?;
+                        }
                         spare_buffers::reserve(in_buf);
                     }
                     client.read_buf(in_buf).await

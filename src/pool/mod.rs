@@ -363,8 +363,6 @@ impl Pool {
     /// Lends a connection in `slot`: an idle one if any is alive, else a
     /// new one.
     async fn lend(&self, slot: Slot) -> Result<Checkout, CheckoutError> {
-        let settings = self.slots.settings_full();
-        let settings = &*settings;
         while let Some(conn) = self.slots.take_idle(Instant::now()) {
             if let Some(conn) = self.vet(conn).await {
                 return Ok(Checkout {
@@ -375,7 +373,8 @@ impl Pool {
         }
         // Boxed: connecting (TLS, SCRAM) is a large future that would
         // otherwise sit in every client task's state, idle or not.
-        let conn = Box::pin(self.connect(settings))
+        let settings = self.slots.settings_full();
+        let conn = Box::pin(self.connect(&settings))
             .await
             .map_err(CheckoutError::Connect)?;
         tracing::debug!(server = conn.id(), pid = conn.backend_pid(), db = %self.database, user = %self.user, "server connection opened");

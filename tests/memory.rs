@@ -10,6 +10,11 @@ use common::wire::{read_message, startup_packet};
 use common::{status_kb, PgCluster, UsherProcess};
 use tokio::io::AsyncWriteExt;
 
+/// Held by each test while it runs: the tests measure usher's resident
+/// memory, and one test's thousands of clients starting beside another's
+/// measurement (both machines' two cores busy) moved it by a tenth.
+static MEASURING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Opens `n` clients that each ran a query and now sit idle.
 async fn idle_clients(usher: &UsherProcess, n: usize) -> Vec<tokio_postgres::Client> {
     let mut clients = Vec::with_capacity(n);
@@ -23,6 +28,7 @@ async fn idle_clients(usher: &UsherProcess, n: usize) -> Vec<tokio_postgres::Cli
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_client_costs_at_most_two_kilobytes() {
+    let _measuring = MEASURING.lock().await;
     let pg = PgCluster::shared();
     // trust: thousands of SCRAM logins would only measure PBKDF2.
     let usher = UsherProcess::builder(pg)
@@ -65,6 +71,7 @@ async fn an_idle_client_costs_at_most_two_kilobytes() {
 /// spare lists the busy clients draw from.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_waiting_for_a_server_holds_only_its_query() {
+    let _measuring = MEASURING.lock().await;
     let pg = PgCluster::shared();
     let usher = UsherProcess::builder(pg)
         .extra("pool_mode: transaction\npool_size: 1\nauth:\n  method: trust\n")
@@ -135,6 +142,7 @@ async fn idle_tls_clients(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_tls_client_costs_at_most_eight_kilobytes() {
+    let _measuring = MEASURING.lock().await;
     let pg = PgCluster::shared();
     let ca = TestCa::new("memory test CA");
     let pair = ca.server(&["127.0.0.1"]);
@@ -249,6 +257,7 @@ async fn send_large_parses(usher: &UsherProcess, clients: usize, size: usize) ->
 /// bounded together by max_buffered_total.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_held_messages_are_bounded_per_client_and_in_total() {
+    let _measuring = MEASURING.lock().await;
     let pg = PgCluster::shared();
     let usher = UsherProcess::builder(pg)
         .extra("pool_mode: transaction\npool_size: 2\nauth:\n  method: trust\nmax_buffered_total: 67108864\n")

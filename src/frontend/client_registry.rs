@@ -45,11 +45,12 @@ impl ClientState {
 ///
 /// Boxed strings (16 bytes each, not 24): every idle client keeps these.
 pub struct ClientFacts {
-    pub user: Box<str>,
-    pub database: Box<str>,
+    /// The same strings as the hook context's `ClientInfo`.
+    pub user: Arc<str>,
+    pub database: Arc<str>,
     pub addr: SocketAddr,
     pub local: Option<SocketAddr>,
-    pub application_name: Box<str>,
+    pub application_name: Arc<str>,
     /// e.g. `TLSv1_3/TLS13_AES_256_GCM_SHA384`; empty without TLS.
     pub tls: Box<str>,
 }

@@ -298,15 +298,18 @@ async fn login<'a>(
     progress.record(deps, AuthOutcome::Success).await;
 
     let tls = stream.tls_info();
-    let application_name = StartupPacket::param(&params, "application_name")
+    // One copy of each, shared by the registry entry and the hook context.
+    let user: Arc<str> = user.into();
+    let database: Arc<str> = database.into();
+    let application_name: Arc<str> = StartupPacket::param(&params, "application_name")
         .unwrap_or_default()
-        .to_string();
+        .into();
     let facts = ClientFacts {
-        user: user.as_str().into(),
-        database: database.as_str().into(),
+        user: user.clone(),
+        database: database.clone(),
         addr,
         local: stream.local_addr(),
-        application_name: application_name.as_str().into(),
+        application_name: application_name.clone(),
         tls: tls
             .as_ref()
             .map(|t| format!("{}/{}", t.version, t.cipher))

@@ -130,9 +130,9 @@ pub fn run(config: &Config, command: HooksCommand) -> ExitCode {
                 };
                 let client = ClientInfo {
                     id: 1,
-                    user: user.clone(),
-                    database: database.clone(),
-                    application_name: application_name.clone(),
+                    user: user.as_str().into(),
+                    database: database.as_str().into(),
+                    application_name: application_name.as_str().into(),
                     startup: vec![
                         ("user".to_string(), user),
                         ("database".to_string(), database),

@@ -3,6 +3,7 @@
 use crate::config::PoolMode;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// TLS details of a client connection.
@@ -78,9 +79,11 @@ pub struct ClientInfo {
     /// usher's own id for the connection (the BackendKeyData pid in
     /// transaction mode; session mode tells the backend's pid).
     pub id: u32,
-    pub user: String,
-    pub database: String,
-    pub application_name: String,
+    /// Shared with the client's registry entry (`ClientFacts`): every
+    /// idle client keeps one copy of each, not two.
+    pub user: Arc<str>,
+    pub database: Arc<str>,
+    pub application_name: Arc<str>,
     /// The startup packet's parameters, as sent.
     pub startup: StartupParams,
     pub addr: SocketAddr,

@@ -39,6 +39,19 @@ fn yaml_with_store(pg: &PgCluster, databases_extra: &str, extra: &str) -> String
         .replacen("databases:\n", &format!("databases:\n{databases_extra}"), 1)
 }
 
+/// usher's configuration with the store in its own `schema` of `app`
+/// (made afresh), with store `options` beside database, user and schema.
+fn yaml_with_app_store(pg: &PgCluster, schema: &str, options: &str) -> String {
+    store_schema(pg, schema);
+    yaml_with_store(
+        pg,
+        "",
+        &monitor(&format!(
+            "{{ database: app, user: {STORE_USER}, schema: {schema}, {options} }}"
+        )),
+    )
+}
+
 /// The auth monitor with a lockout by user name after 3 failures, sharing
 /// through `store` (YAML flow mapping of auth_monitor.store).
 fn monitor(store: &str) -> String {
@@ -127,13 +140,10 @@ const LOCKED: &str = "too many failed login attempts for user \"alice\"";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failures_spread_over_three_instances_lock_the_user_out_on_all_of_them() {
     let pg = PgCluster::shared();
-    store_schema(pg, "store_three");
-    let yaml = yaml_with_store(
+    let yaml = yaml_with_app_store(
         pg,
-        "",
-        &monitor(&format!(
-            "{{ database: app, user: {STORE_USER}, schema: store_three, flush_interval_s: 0.1, refresh_interval_s: 0.1 }}"
-        )),
+        "store_three",
+        "flush_interval_s: 0.1, refresh_interval_s: 0.1",
     );
     let ushers = vec![
         Usher::start_yaml(&yaml).await,
@@ -311,13 +321,10 @@ async fn a_store_that_cannot_be_reached_or_hangs_blocks_no_login() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_that_goes_away_and_comes_back() {
     let pg = PgCluster::shared();
-    store_schema(pg, "store_back");
-    let yaml = yaml_with_store(
+    let yaml = yaml_with_app_store(
         pg,
-        "",
-        &monitor(&format!(
-            "{{ database: app, user: {STORE_USER}, schema: store_back, flush_interval_s: 0.1, refresh_interval_s: 0.1, timeout_s: 2 }}"
-        )),
+        "store_back",
+        "flush_interval_s: 0.1, refresh_interval_s: 0.1, timeout_s: 2",
     );
     let usher = Usher::start_yaml(&yaml).await;
     let port = usher.addr.port();
@@ -376,15 +383,12 @@ async fn a_store_that_goes_away_and_comes_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_is_left_is_written_at_shutdown() {
     let pg = PgCluster::shared();
-    store_schema(pg, "store_last");
     // No flush after the first one for a minute: only the shutdown's
     // writes what comes next.
-    let yaml = yaml_with_store(
+    let yaml = yaml_with_app_store(
         pg,
-        "",
-        &monitor(&format!(
-            "{{ database: app, user: {STORE_USER}, schema: store_last, flush_interval_s: 60, refresh_interval_s: 60 }}"
-        )),
+        "store_last",
+        "flush_interval_s: 60, refresh_interval_s: 60",
     );
     let usher = Usher::start_yaml(&yaml).await;
     let port = usher.addr.port();

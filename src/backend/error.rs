@@ -90,7 +90,7 @@ pub enum ConnectError {
         port: u16,
         after: Duration,
     },
-    /// No TCP connection to the server.
+    /// No connection to the server (TCP, or its Unix-domain socket).
     Unreachable {
         host: String,
         port: u16,
@@ -182,6 +182,16 @@ impl fmt::Display for ConnectError {
                 "could not connect to server {host}:{port} within {:.1}s",
                 after.as_secs_f64()
             ),
+            ConnectError::Unreachable { host, port, source }
+                if super::server_stream::is_socket_dir(host) =>
+            {
+                let path = super::server_stream::socket_path(host, *port);
+                write!(
+                    f,
+                    "could not connect to server on socket \"{}\": {source}",
+                    path.display()
+                )
+            }
             ConnectError::Unreachable { host, port, source } => {
                 write!(f, "could not connect to server {host}:{port}: {source}")
             }

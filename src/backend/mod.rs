@@ -36,7 +36,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 static NEXT_SERVER_ID: AtomicU64 = AtomicU64::new(1);
@@ -72,16 +72,31 @@ pub struct CancelTarget {
 impl CancelTarget {
     /// Opens a new connection to the server and sends the cancel request.
     pub async fn send(&self) -> std::io::Result<()> {
-        let mut stream = TcpStream::connect((self.host.as_str(), self.port)).await?;
         let mut buf = BytesMut::new();
         frontend::cancel_request(self.pid as i32, self.secret as i32, &mut buf);
-        stream.write_all(&buf).await?;
-        // The server closes the connection when done; wait for that briefly.
-        let mut sink = [0u8; 16];
-        let _ =
-            tokio::time::timeout(std::time::Duration::from_secs(5), stream.read(&mut sink)).await;
-        Ok(())
+        if server_stream::is_socket_dir(&self.host) {
+            let path = server_stream::socket_path(&self.host, self.port);
+            send_and_wait(tokio::net::UnixStream::connect(path).await?, &buf).await
+        } else {
+            send_and_wait(
+                TcpStream::connect((self.host.as_str(), self.port)).await?,
+                &buf,
+            )
+            .await
+        }
     }
+}
+
+/// Writes a cancel request and waits briefly for the server to close the
+/// connection, which it does when done.
+async fn send_and_wait<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
+    request: &[u8],
+) -> std::io::Result<()> {
+    stream.write_all(request).await?;
+    let mut sink = [0u8; 16];
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), stream.read(&mut sink)).await;
+    Ok(())
 }
 
 /// What other tasks may know of a server connection while a client holds

@@ -1,16 +1,20 @@
-//! The connection to a PostgreSQL server: plain TCP, or TLS negotiated with
-//! an SSLRequest as the database's `tls` setting asks. Used by server
-//! connections and by the auth query's tokio-postgres connections.
+//! The connection to a PostgreSQL server: plain TCP, TLS negotiated with
+//! an SSLRequest as the database's `tls` setting asks, or a Unix-domain
+//! socket when the host is a directory (as libpq: a host beginning with `/`
+//! names the directory holding `.s.PGSQL.<port>`; TLS is never used there).
+//! Used by server connections and by the auth query's and the auth store's
+//! tokio-postgres connections.
 
 use super::error::{ConnectError, TlsStep};
 use crate::config::ServerTlsMode;
 use crate::protocol::tags::encryption;
 use crate::tls::{ServerTls, WriteThrough};
 use std::io;
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tokio::net::TcpStream;
+use tokio::net::{TcpStream, UnixStream};
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
@@ -19,10 +23,36 @@ use tokio_rustls::TlsConnector;
 pub enum ServerStream {
     Plain(TcpStream),
     Tls(Box<WriteThrough<TlsStream<TcpStream>>>),
+    /// A Unix-domain socket: the server on this machine, without TCP's
+    /// per-packet work in the kernel.
+    Unix(UnixStream),
 }
 
-/// Connects to `host:port` and sets up TLS as `tls` says.
+/// True when `host` names a directory of Unix-domain sockets rather than a
+/// host (libpq's rule: an absolute path).
+pub fn is_socket_dir(host: &str) -> bool {
+    host.starts_with('/')
+}
+
+/// The socket PostgreSQL listens on in directory `dir` for `port`.
+pub fn socket_path(dir: &str, port: u16) -> PathBuf {
+    PathBuf::from(format!("{}/.s.PGSQL.{port}", dir.trim_end_matches('/')))
+}
+
+/// Connects to `host:port` (or the socket for `port` in directory `host`)
+/// and sets up TLS as `tls` says.
 pub async fn open(host: &str, port: u16, tls: &ServerTls) -> Result<ServerStream, ConnectError> {
+    if is_socket_dir(host) {
+        // As libpq: TLS settings do not apply to a local socket.
+        return UnixStream::connect(socket_path(host, port))
+            .await
+            .map(ServerStream::Unix)
+            .map_err(|source| ConnectError::Unreachable {
+                host: host.to_string(),
+                port,
+                source,
+            });
+    }
     let failed = |step: TlsStep| ConnectError::Tls {
         host: host.to_string(),
         port,
@@ -76,11 +106,13 @@ impl ServerStream {
         matches!(self, ServerStream::Tls(_))
     }
 
-    /// usher's end of the connection (SHOW SERVERS' local_addr).
+    /// usher's end of the connection (SHOW SERVERS' local_addr); none
+    /// for a Unix-domain socket.
     pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
         match self {
             ServerStream::Plain(tcp) => tcp.local_addr().ok(),
             ServerStream::Tls(s) => s.get_ref().get_ref().0.local_addr().ok(),
+            ServerStream::Unix(_) => None,
         }
     }
 
@@ -95,6 +127,15 @@ impl ServerStream {
                     return false; // decrypted data or a close_notify is waiting
                 }
                 tcp
+            }
+            // Nothing to peek at (WouldBlock) is the one healthy answer;
+            // without read readiness the peek is not even tried.
+            ServerStream::Unix(unix) => {
+                let peeked = unix.try_io(tokio::io::Interest::READABLE, || {
+                    let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+                    socket2::SockRef::from(unix).peek(&mut probe)
+                });
+                return matches!(peeked, Err(e) if e.kind() == io::ErrorKind::WouldBlock);
             }
         };
         let mut probe = [0u8; 1];
@@ -113,6 +154,7 @@ impl AsyncRead for ServerStream {
         match self.get_mut() {
             ServerStream::Plain(s) => Pin::new(s).poll_read(cx, buf),
             ServerStream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            ServerStream::Unix(s) => Pin::new(s).poll_read(cx, buf),
         }
     }
 }
@@ -126,6 +168,7 @@ impl AsyncWrite for ServerStream {
         match self.get_mut() {
             ServerStream::Plain(s) => Pin::new(s).poll_write(cx, buf),
             ServerStream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+            ServerStream::Unix(s) => Pin::new(s).poll_write(cx, buf),
         }
     }
 
@@ -133,6 +176,7 @@ impl AsyncWrite for ServerStream {
         match self.get_mut() {
             ServerStream::Plain(s) => Pin::new(s).poll_flush(cx),
             ServerStream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            ServerStream::Unix(s) => Pin::new(s).poll_flush(cx),
         }
     }
 
@@ -140,6 +184,28 @@ impl AsyncWrite for ServerStream {
         match self.get_mut() {
             ServerStream::Plain(s) => Pin::new(s).poll_shutdown(cx),
             ServerStream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+            ServerStream::Unix(s) => Pin::new(s).poll_shutdown(cx),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_socket_directory_is_an_absolute_path_and_names_the_port() {
+        assert!(is_socket_dir("/var/run/postgresql"));
+        assert!(!is_socket_dir("db.example.com"));
+        assert!(!is_socket_dir("127.0.0.1"));
+        assert!(!is_socket_dir("::1"));
+        assert_eq!(
+            socket_path("/var/run/postgresql", 5432),
+            PathBuf::from("/var/run/postgresql/.s.PGSQL.5432")
+        );
+        assert_eq!(
+            socket_path("/tmp/", 6543),
+            PathBuf::from("/tmp/.s.PGSQL.6543")
+        );
     }
 }

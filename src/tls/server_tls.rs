@@ -42,7 +42,11 @@ impl ServerTls {
             .server_hosts()
             .into_iter()
             .map(|(host, _)| host)
-            .find(|host| ServerName::try_from(host.clone()).is_err());
+            // (a socket directory: TLS is not used there, as in libpq)
+            .find(|host| {
+                !crate::backend::server_stream::is_socket_dir(host)
+                    && ServerName::try_from(host.clone()).is_err()
+            });
         let key = if db.hosts.is_some() { "hosts" } else { "host" };
         let config = match db.tls {
             ServerTlsMode::Disable => return Ok(ServerTls::disabled()),

@@ -7,6 +7,10 @@ work=$(mktemp -d /tmp/usher-bench.XXXXXX)
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 PGPORT=$(free_port)
 usher_pids=""
+# SERVER_SOCKET=1: the poolers reach PostgreSQL through its Unix-domain
+# socket (in $work) instead of TCP on 127.0.0.1.
+SERVER_HOST=127.0.0.1
+[ "${SERVER_SOCKET:-0}" = 1 ] && SERVER_HOST=$work
 cleanup() {
   for p in $usher_pids; do kill "$p" 2>/dev/null || true; done
   as_postgres "$BIN/pg_ctl" -D "$work/data" -m immediate stop >/dev/null 2>&1 || true
@@ -42,7 +46,7 @@ listen: 127.0.0.1:$2
 pool_mode: transaction
 pool_size: ${POOL_SIZE:-20}
 databases:
-  bench: { host: 127.0.0.1, port: $PGPORT }
+  bench: { host: $SERVER_HOST, port: $PGPORT }
 users:
   bench: { password: '${USHER_SECRET:-bench-pw}' }
 log: { level: warn }
@@ -100,7 +104,7 @@ start_pgbouncer() {
   printf '"bench" "%s"\n' "$(scram_verifier bench)" >"$work/pgbouncer/users.txt"
   cat >"$work/pgbouncer/pgbouncer.ini" <<INI
 [databases]
-bench = host=127.0.0.1 port=$PGPORT dbname=bench
+bench = host=$SERVER_HOST port=$PGPORT dbname=bench
 [pgbouncer]
 listen_addr = 127.0.0.1
 listen_port = $1

@@ -11,6 +11,8 @@
 #
 #   benches/pgbench.sh                       # 3 rounds of 5 s per point
 #   ROUNDS=5 DURATION=10 CLIENTS="10 50" MODES=simple benches/pgbench.sh
+#   SERVER_SOCKET=1 benches/pgbench.sh       # both poolers reach PostgreSQL
+#                                            # through its Unix-domain socket
 #
 # PgBouncer 1.18 has no protocol-level prepared statements in transaction
 # mode: its prepared column is empty. Starts its own throwaway PostgreSQL,
@@ -33,7 +35,7 @@ pgbench -i -q -s 10 -h 127.0.0.1 -p "$PGPORT" -U bench bench >/dev/null 2>&1
 start_usher_and_pgbouncer
 
 echo
-echo "pgbench -S, scale 10, ${DURATION}s x $ROUNDS interleaved rounds per point, medians; pool_size $POOL_SIZE, transaction mode"
+echo "pgbench -S, scale 10, ${DURATION}s x $ROUNDS interleaved rounds per point, medians; pool_size $POOL_SIZE, transaction mode; poolers to PostgreSQL: $([ "$SERVER_HOST" = 127.0.0.1 ] && echo TCP || echo "Unix-domain socket")"
 echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr), PostgreSQL $("$BIN/postgres" --version | awk '{print $3}'), $(pgbouncer --version 2>/dev/null | head -1 || /usr/sbin/pgbouncer --version | head -1)"
 echo
 printf '| %-8s | %7s | %8s | %9s | %9s | %5s | %5s | %8s | %8s | %5s |\n' \

@@ -6,6 +6,7 @@
 
 mod common;
 
+use common::console::{console, get};
 use common::{sqlstate, PgCluster, Usher, ALICE_PASSWORD, BOB_PASSWORD};
 use std::time::{Duration, Instant};
 
@@ -18,7 +19,8 @@ async fn usher_on_socket(pg: &PgCluster, mode: &str) -> Usher {
          pool_size: 2\n\
          hooks: {{ dir: tests/no-hooks }}\n\
          databases:\n  app: {{ host: {}, port: {} }}\n\
-         users:\n  alice: {{ password: {ALICE_PASSWORD} }}\n  bob: {{ password: {BOB_PASSWORD} }}\n",
+         users:\n  alice: {{ password: {ALICE_PASSWORD} }}\n  bob: {{ password: {BOB_PASSWORD} }}\n  admin: {{ password: admin-pw }}\n\
+         admin: {{ users: [admin] }}\n",
         pg.dir.display(),
         pg.port
     );
@@ -49,6 +51,15 @@ async fn queries_reach_the_server_through_its_socket() {
         assert!(row.get::<_, bool>(0), "{mode}: the server saw a TCP peer");
         assert_eq!(row.get::<_, String>(1), "alice", "{mode}");
         assert_eq!(row.get::<_, String>(2), "app", "{mode}");
+        if mode == "session" {
+            // As PgBouncer shows a socket: "unix" and the port.
+            let servers = console(&usher, "SHOW SERVERS").await;
+            let server = servers.first().expect("alice's server connection");
+            let port = pg.port.to_string();
+            assert_eq!(get(server, "addr"), Some("unix"));
+            assert_eq!(get(server, "port"), Some(port.as_str()));
+            assert_eq!(get(server, "local_addr"), Some("unix"));
+        }
     }
 }
 

@@ -144,16 +144,24 @@ struct ServerRow<'a> {
 impl ServerRow<'_> {
     fn cells(&self) -> Vec<Option<String>> {
         let srv = self.summary;
+        // A Unix-domain socket shows as PgBouncer shows one: "unix" and
+        // the port, at both ends.
+        let unix = crate::config::is_socket_dir(&srv.cancel.host);
+        let (addr, local_addr, local_port) = match srv.local {
+            Some(a) => (s(&srv.cancel.host), s(a.ip()), s(a.port())),
+            None if unix => (s("unix"), s("unix"), s(srv.cancel.port)),
+            None => (s(&srv.cancel.host), None, None),
+        };
         vec![
             s("S"),
             s(self.user),
             s(self.database),
             s("none"),
             s(self.state),
-            s(&srv.cancel.host),
+            addr,
             s(srv.cancel.port),
-            srv.local.map(|a| a.ip().to_string()),
-            srv.local.map(|a| a.port().to_string()),
+            local_addr,
+            local_port,
             s(pgb_time(srv.connect_time)),
             s(pgb_time(self.request_time)),
             s(0),

@@ -183,7 +183,7 @@ impl fmt::Display for ConnectError {
                 after.as_secs_f64()
             ),
             ConnectError::Unreachable { host, port, source }
-                if super::server_stream::is_socket_dir(host) =>
+                if crate::config::is_socket_dir(host) =>
             {
                 let path = super::server_stream::socket_path(host, *port);
                 write!(

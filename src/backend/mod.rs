@@ -74,7 +74,7 @@ impl CancelTarget {
     pub async fn send(&self) -> std::io::Result<()> {
         let mut buf = BytesMut::new();
         frontend::cancel_request(self.pid as i32, self.secret as i32, &mut buf);
-        if server_stream::is_socket_dir(&self.host) {
+        if crate::config::is_socket_dir(&self.host) {
             let path = server_stream::socket_path(&self.host, self.port);
             send_and_wait(tokio::net::UnixStream::connect(path).await?, &buf).await
         } else {

@@ -28,11 +28,7 @@ pub enum ServerStream {
     Unix(UnixStream),
 }
 
-/// True when `host` names a directory of Unix-domain sockets rather than a
-/// host (libpq's rule: an absolute path).
-pub fn is_socket_dir(host: &str) -> bool {
-    host.starts_with('/')
-}
+use crate::config::is_socket_dir;
 
 /// The socket PostgreSQL listens on in directory `dir` for `port`.
 pub fn socket_path(dir: &str, port: u16) -> PathBuf {

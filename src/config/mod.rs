@@ -17,7 +17,7 @@ pub use builtins::{
 };
 pub use peering::PeerConfig;
 pub use security::{HbaMethod, HbaRuleConfig, HbaType, ServerTlsMode, TlsConfig, TlsMode};
-pub use servers::{HostSpec, TargetSessionAttrs};
+pub use servers::{is_socket_dir, HostSpec, TargetSessionAttrs};
 
 use serde::Deserialize;
 use std::collections::BTreeMap;

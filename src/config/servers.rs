@@ -7,6 +7,13 @@ use super::{ConfigIssue, DatabaseConfig};
 use serde::Deserialize;
 use std::fmt;
 
+/// True when `host` names a directory of Unix-domain sockets rather than a
+/// host: libpq's rule, an absolute path (`/var/run/postgresql`); the
+/// server's socket there is `.s.PGSQL.<port>`.
+pub fn is_socket_dir(host: &str) -> bool {
+    host.starts_with('/')
+}
+
 /// One entry of `databases.<name>.hosts`: a host name or address, with an
 /// optional port (`db.example:5433`, `[::1]:5433`; a bare IPv6 address
 /// takes the entry's `port`).

@@ -44,8 +44,7 @@ impl ServerTls {
             .map(|(host, _)| host)
             // (a socket directory: TLS is not used there, as in libpq)
             .find(|host| {
-                !crate::backend::server_stream::is_socket_dir(host)
-                    && ServerName::try_from(host.clone()).is_err()
+                !crate::config::is_socket_dir(host) && ServerName::try_from(host.clone()).is_err()
             });
         let key = if db.hosts.is_some() { "hosts" } else { "host" };
         let config = match db.tls {

@@ -303,3 +303,56 @@ async fn a_pipelining_client_with_large_requests_and_answers_does_not_stall() {
         }
     }
 }
+
+/// A TCP proxy to the cluster on which every connection after the first
+/// starts `delay` late: a server slow to start new backends.
+async fn slow_to_connect_proxy(pg_port: u16, delay: std::time::Duration) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        for n in 0.. {
+            let Ok((mut client, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                if n > 0 {
+                    tokio::time::sleep(delay).await;
+                }
+                let mut server = tokio::net::TcpStream::connect(("127.0.0.1", pg_port))
+                    .await
+                    .unwrap();
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+            });
+        }
+    });
+    port
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_takes_a_connection_checked_in_while_its_own_opens() {
+    use std::time::Duration;
+    let pg = PgCluster::shared();
+    let proxy = slow_to_connect_proxy(pg.port, Duration::from_secs(60)).await;
+    let yaml = common::usher_yaml(pg, "pool_mode: transaction\npool_size: 2\n")
+        .replace(&format!("port: {}\n", pg.port), &format!("port: {proxy}\n"));
+    let usher = Usher::start_yaml(&yaml).await;
+    // alice's login opens the pool's first connection; her transaction
+    // holds it.
+    let alice = usher.alice().await;
+    alice.batch_execute("BEGIN").await.unwrap();
+    let alice_pid = backend_pid(&alice).await;
+    // Another client of the pool: its query finds a free slot and nothing
+    // idle, so a second connection starts opening, a minute away.
+    let other = usher.alice().await;
+    let other_query = tokio::spawn(async move { backend_pid(&other).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!other_query.is_finished());
+    // alice's connection comes back: the other client is served by it, not
+    // by the one still opening.
+    alice.batch_execute("COMMIT").await.unwrap();
+    let other_pid = tokio::time::timeout(Duration::from_secs(20), other_query)
+        .await
+        .expect("the client waited for the connection still opening")
+        .unwrap();
+    assert_eq!(other_pid, alice_pid);
+}

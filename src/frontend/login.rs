@@ -570,8 +570,8 @@ impl PoolClaim<'_> {
 }
 
 impl std::ops::Deref for PoolClaim<'_> {
-    type Target = Pool;
-    fn deref(&self) -> &Pool {
+    type Target = Arc<Pool>;
+    fn deref(&self) -> &Arc<Pool> {
         self.pool.as_ref().expect("a claim is kept once")
     }
 }

@@ -317,6 +317,13 @@ impl<C: Pooled> Slots<C> {
         self.stats.idle_servers(idle.len());
     }
 
+    /// Whether a clean connection checked in now may be used again: of
+    /// the current generation, not past `server_lifetime`, the pool not
+    /// paused (what [`Slots::checkin`] keeps).
+    pub(super) fn reusable(&self, conn: &C, now: Instant) -> bool {
+        !self.past_lifetime(conn, now) && self.current(conn) && !self.is_paused()
+    }
+
     /// Takes back a clean connection: idle again, or closed if it outlived
     /// `server_lifetime`, is of an older generation, or the pool is paused.
     /// The lease (the slot and the active count) is given up after the

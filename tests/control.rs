@@ -6,7 +6,7 @@
 mod common;
 
 use common::console::{console, console_messages, console_table, get, row, Row};
-use common::{sqlstate, usher_yaml, PgCluster, Usher, BOB_PASSWORD};
+use common::{backend_pid, sqlstate, usher_yaml, PgCluster, Usher, BOB_PASSWORD};
 use std::time::Duration;
 use tokio_postgres::SimpleQueryMessage;
 
@@ -217,13 +217,6 @@ async fn reconnect_replaces_idle_server_connections() {
         .await
         .unwrap_err();
     assert_eq!(sqlstate(&e).as_deref(), Some("3D000"), "{e:?}");
-}
-
-async fn backend_pid(c: &tokio_postgres::Client) -> i32 {
-    c.query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{PgCluster, Usher};
+use common::{backend_pid, PgCluster, Usher};
 use futures_util::{pin_mut, SinkExt, TryStreamExt};
 
 const MODES: [&str; 2] = ["session", "transaction"];
@@ -161,13 +161,6 @@ async fn a_million_rows_stream_through() {
     }
     assert_eq!(count, 1_000_000);
     assert_eq!(sum, 500_000_500_000);
-}
-
-async fn backend_pid(c: &impl tokio_postgres::GenericClient) -> i32 {
-    c.query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,7 @@
 mod common;
 
 use common::console::{console, get};
-use common::{sqlstate, PgCluster, Usher, ALICE_PASSWORD, BOB_PASSWORD};
+use common::{backend_pid, sqlstate, PgCluster, Usher, ALICE_PASSWORD, BOB_PASSWORD};
 use std::time::{Duration, Instant};
 
 /// usher in front of the shared cluster's socket (the test cluster trusts
@@ -25,14 +25,6 @@ async fn usher_on_socket(pg: &PgCluster, mode: &str) -> Usher {
         pg.port
     );
     Usher::start_yaml(&yaml).await
-}
-
-async fn backend_pid(client: &tokio_postgres::Client) -> i32 {
-    client
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

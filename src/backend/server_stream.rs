@@ -6,7 +6,7 @@
 //! tokio-postgres connections.
 
 use super::error::{ConnectError, TlsStep};
-use crate::config::ServerTlsMode;
+use crate::config::{is_socket_dir, ServerTlsMode};
 use crate::protocol::tags::encryption;
 use crate::tls::{ServerTls, WriteThrough};
 use std::io;
@@ -27,8 +27,6 @@ pub enum ServerStream {
     /// per-packet work in the kernel.
     Unix(UnixStream),
 }
-
-use crate::config::is_socket_dir;
 
 /// The socket PostgreSQL listens on in directory `dir` for `port`.
 pub fn socket_path(dir: &str, port: u16) -> PathBuf {

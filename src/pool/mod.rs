@@ -410,7 +410,10 @@ impl Pool {
                 tokio::spawn(async move {
                     match opening.await {
                         (pool, Ok(conn)) => {
-                            pool.slots.checkin(conn, pool.slots.lease(slot), Instant::now());
+                            // Through the pool's checkin: another client
+                            // may be waiting for one it caused to open.
+                            let lease = pool.slots.lease(slot);
+                            pool.checkin(Checkout { conn, lease });
                         }
                         (pool, Err(e)) => {
                             tracing::warn!(db = %pool.database, user = %pool.user, error = %e, "could not open a server connection");
@@ -440,10 +443,10 @@ impl Pool {
         if !self.slots.reusable(&checkout.conn, now) {
             return Some(checkout);
         }
+        checkout.conn.touch(now);
         let mut queue = self.handoffs.lock();
         while let Some(waiter) = queue.pop_front() {
             self.handoffs_queued.fetch_sub(1, Ordering::Release);
-            checkout.conn.touch(now);
             match waiter.send(checkout) {
                 Ok(()) => return None,
                 // That client got its own connection first, or left.

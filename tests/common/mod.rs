@@ -723,6 +723,14 @@ pub fn init_tracing() {
 }
 
 /// The SQLSTATE of a tokio-postgres error, if the server (usher) sent one.
+/// The pid of the backend that runs `c`'s next statement.
+pub async fn backend_pid(c: &impl tokio_postgres::GenericClient) -> i32 {
+    c.query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
 pub fn sqlstate(e: &tokio_postgres::Error) -> Option<String> {
     e.as_db_error().map(|d| d.code().code().to_string())
 }

@@ -8,7 +8,8 @@
 //!
 //! - when only whole messages went to the server, the work is cancelled
 //!   (a CancelRequest, or CopyFail for COPY FROM STDIN), an open pipeline
-//!   gets its Sync, the answers are read and dropped up to the last
+//!   gets a failing Parse and a Sync (so what it did is rolled back, never
+//!   committed), the answers are read and dropped up to the last
 //!   ReadyForQuery, an open transaction is rolled back, and the connection
 //!   goes back to the pool (reset first in session mode, and in
 //!   transaction mode if the client held state on it that pins);
@@ -72,6 +73,12 @@ pub(super) async fn recover(pool: Arc<Pool>, mode: PoolMode, mut left: Abandoned
                 PoolMode::Transaction if !state.is_empty() => {
                     super::session::release_pinned(&pool, left.checkout, state).await
                 }
+                // Settings the client changed and nobody read back: the
+                // connection's record of them is not true any more, and
+                // the next client must not find them.
+                PoolMode::Transaction if left.flow.settings_unsettled() => {
+                    pool.reset_pinned_and_checkin(left.checkout).await
+                }
                 PoolMode::Transaction => pool.checkin(left.checkout),
             }
         }
@@ -93,7 +100,7 @@ pub(super) async fn recover(pool: Arc<Pool>, mode: PoolMode, mut left: Abandoned
 }
 
 /// Cancels what the server runs, drains its answers and leaves no
-/// transaction open.
+/// transaction open. Nothing the client did not sync is committed.
 async fn salvage(left: &mut Abandoned) -> Result<(), &'static str> {
     let mut out = BytesMut::new();
     if left.flow.copy_in() {
@@ -102,10 +109,17 @@ async fn salvage(left: &mut Abandoned) -> Result<(), &'static str> {
         let reason = b"client went away\0";
         out.put_u32(4 + reason.len() as u32);
         out.put_slice(reason);
-    } else if left.flow.pending() > 0 {
+        left.flow.client_message(frontend::COPY_FAIL, reason);
+    } else if left.flow.pending() > 0 || left.flow.unsynced() {
+        // An unsynced Execute may still be running, too.
         cancel(&mut left.checkout.conn).await;
     }
     if left.flow.unsynced() {
+        // A Sync alone would commit what the pipeline did in its implicit
+        // transaction; the client never asked for that. A message that
+        // fails first makes the Sync roll it back, as PostgreSQL does when
+        // a client leaves (an error already there has the same effect).
+        put_failing_parse(&mut out);
         out.put_slice(&[frontend::SYNC, 0, 0, 0, 4]);
         left.flow.sync_added();
     }
@@ -116,9 +130,7 @@ async fn salvage(left: &mut Abandoned) -> Result<(), &'static str> {
             .await
             .map_err(|_| "write failed")?;
     }
-    while left.flow.pending() > 0 || !left.out_walker.at_boundary() {
-        drain_some(left).await?;
-    }
+    drain(left).await?;
     if !left.flow.idle() {
         // Inside a transaction block (or a failed one): roll it back.
         left.checkout
@@ -130,10 +142,36 @@ async fn salvage(left: &mut Abandoned) -> Result<(), &'static str> {
     Ok(())
 }
 
-/// Reads what the server sent next and walks it through the flow, keeping
-/// the connection's own records (parameters, prepared statements) true.
-async fn drain_some(left: &mut Abandoned) -> Result<(), &'static str> {
-    if left.out_buf.is_empty() {
+/// The text of [`put_failing_parse`]'s statement: a syntax error on every
+/// server, whatever the session.
+const FAILING_TEXT: &[u8] = b"usher: the client left without Sync\0";
+
+/// A Parse that always fails (a syntax error, checked before its name is):
+/// named, so the server's unnamed statement is untouched.
+fn put_failing_parse(out: &mut BytesMut) {
+    let name = b"usher_client_left\0";
+    out.put_u8(frontend::PARSE);
+    out.put_u32((4 + name.len() + FAILING_TEXT.len() + 2) as u32);
+    out.put_slice(name);
+    out.put_slice(FAILING_TEXT);
+    out.put_u16(0);
+}
+
+/// Reads and walks the server's answers until nothing more is owed and
+/// the last message is whole. Every turn that cannot finish awaits a read,
+/// so [`RECOVERY_TIMEOUT`] holds and the worker is never kept.
+async fn drain(left: &mut Abandoned) -> Result<(), &'static str> {
+    loop {
+        walk_buffered(left)?;
+        if left.flow.copy_in() {
+            // A queued COPY FROM STDIN began after the cancel: end it too.
+            return Err("a COPY began");
+        }
+        if left.flow.pending() == 0 && left.out_walker.at_boundary() {
+            return Ok(());
+        }
+        // What is buffered (if anything) is the start of a message the
+        // walker needs more of.
         left.out_buf.reserve(16 * 1024);
         let n = left
             .checkout
@@ -145,6 +183,15 @@ async fn drain_some(left: &mut Abandoned) -> Result<(), &'static str> {
         if n == 0 {
             return Err("the server closed the connection");
         }
+    }
+}
+
+/// Walks the server bytes buffered through the flow, keeping the
+/// connection's own records (parameters, prepared statements) true, and
+/// drops the whole messages walked.
+fn walk_buffered(left: &mut Abandoned) -> Result<(), &'static str> {
+    if left.out_buf.is_empty() {
+        return Ok(());
     }
     let conn: &mut ServerConn = &mut left.checkout.conn;
     let flow = &mut left.flow;
@@ -164,12 +211,9 @@ async fn drain_some(left: &mut Abandoned) -> Result<(), &'static str> {
         conn.set_param(name, value);
     }
     let _ = left.out_buf.split_to(walked.forward);
-    if left.flow.copy_in() {
-        // A queued COPY FROM STDIN began after the cancel: end it too.
-        return Err("a COPY began");
-    }
     Ok(())
 }
+
 /// Sends a cancel request for whatever the connection runs.
 async fn cancel(conn: &mut ServerConn) {
     let target = conn.summary().cancel.clone();

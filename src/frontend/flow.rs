@@ -677,9 +677,7 @@ impl Flow {
 
     /// usher sent a Sync of its own (closing a pipeline a client left).
     pub fn sync_added(&mut self) {
-        self.pending += 1;
-        self.unsynced = false;
-        self.plan.sync_sent();
+        self.segment_sent();
     }
 
     /// Which server messages usher reads whole.
@@ -1043,6 +1041,12 @@ impl Flow {
     /// block): time for the session to read its settings back.
     pub fn settings_to_settle(&self) -> bool {
         self.effects.settings && self.quiet() && self.idle()
+    }
+
+    /// The client's statements since the session last settled may have
+    /// changed session settings (whatever the server still owes).
+    pub fn settings_unsettled(&self) -> bool {
+        self.effects.settings
     }
 
     /// The session reads its settings back: the custom settings the

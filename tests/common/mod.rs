@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod attempts;
+pub mod canary;
 pub mod console;
 pub mod libpq;
 pub mod replica;

@@ -23,7 +23,7 @@ pub use credentials::{Credentials, UserLookup};
 pub use secret::Secret;
 
 use crate::config::AuthMethod;
-use crate::protocol::error::sqlstate;
+use crate::protocol::error::{shown_name, sqlstate};
 use crate::protocol::messages::{self, MAX_LOGIN_MESSAGE};
 use crate::protocol::scram::{ScramError, ScramServer, ScramVerifier};
 use crate::protocol::tags::frontend;
@@ -93,7 +93,10 @@ fn password_failed(user: &str, outcome: AuthOutcome) -> AuthFailure {
         outcome,
         PgError::fatal(
             sqlstate::INVALID_PASSWORD,
-            format!("password authentication failed for user \"{user}\""),
+            format!(
+                "password authentication failed for user \"{}\"",
+                shown_name(user)
+            ),
         ),
     )
 }
@@ -209,7 +212,10 @@ fn check_certificate(
         outcome,
         PgError::fatal(
             sqlstate::INVALID_AUTHORIZATION,
-            format!("certificate authentication failed for user \"{user}\""),
+            format!(
+                "certificate authentication failed for user \"{}\"",
+                shown_name(user)
+            ),
         ),
     ))
 }

@@ -288,7 +288,10 @@ async fn login<'a>(
         certificate: certificate.as_ref(),
         mock_key: &deps.mock_key,
     };
-    let authenticated = match auth::authenticate(stream, &challenge).await {
+    // The lockout again when the password or proof arrives: logins that
+    // started together must not all get their guess checked.
+    let recheck = || deps.lockout_check(&user, addr.ip());
+    let authenticated = match auth::authenticate(stream, &challenge, recheck).await {
         Ok(a) => a,
         Err(failure) => {
             progress.record(deps, failure.outcome).await;

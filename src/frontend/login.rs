@@ -476,40 +476,34 @@ async fn welcome(
             .wanted()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        let settings = params.sync_settings(&checkout.conn, &defaults);
         let before = out.len();
-        if !settings.is_empty() {
-            if let Err(e) = checkout
-                .conn
-                .apply_startup_settings(&settings, &mut out)
-                .await
-            {
-                let e = match e {
-                    // The server is ready again and its parameters are
-                    // known: the connection is fine, the client's
-                    // parameter is not; it ends the login as it would
-                    // directly.
-                    crate::backend::QueryError::Server(e) => {
-                        pool.checkin(checkout);
-                        PgError {
-                            severity: crate::protocol::Severity::Fatal,
-                            code: e.code,
-                            message: e.message,
-                            detail: e.detail,
-                            hint: e.hint,
-                        }
+        if let Err(e) = params
+            .bring_in_line(&mut checkout.conn, "", Some(&mut out))
+            .await
+        {
+            let e = match e {
+                // The server is ready again and its parameters are
+                // known: the connection is fine, the client's
+                // parameter is not; it ends the login as it would
+                // directly.
+                crate::backend::QueryError::Server(e) => {
+                    pool.checkin(checkout);
+                    PgError {
+                        severity: crate::protocol::Severity::Fatal,
+                        code: e.code,
+                        message: e.message,
+                        detail: e.detail,
+                        hint: e.hint,
                     }
-                    e => {
-                        pool.discard(checkout);
-                        PgError::fatal(e.sqlstate(), e.to_string())
-                    }
-                };
-                stream.write_all(&out).await.map_err(gone)?;
-                return Err(e);
-            }
-            params.after_sync(&mut checkout.conn, &defaults);
+                }
+                e => {
+                    pool.discard(checkout);
+                    PgError::fatal(e.sqlstate(), e.to_string())
+                }
+            };
+            stream.write_all(&out).await.map_err(gone)?;
+            return Err(e);
         }
-        params.mark_in_line(&mut checkout.conn, &defaults);
         if out.len() == before {
             // Nothing to say about these values: later logins may skip
             // the server.

@@ -1411,7 +1411,17 @@ impl Session {
     /// parameters, and the bound on prepared statements it keeps.
     async fn begin_transaction(&mut self, client: &mut ClientStream) -> Result<Checkout, PgError> {
         self.registration.handle.waiting();
-        let mut checkout = match self.pool.checkout().await {
+        let checkout = tokio::select! {
+            biased;
+            checkout = self.pool.checkout() => checkout,
+            // A client that left while it waited is not waited for (nor
+            // counted as waiting): its query never runs.
+            () = client.closed() => {
+                self.registration.handle.set_server(None);
+                return Err(left_while_waiting());
+            }
+        };
+        let mut checkout = match checkout {
             Ok(c) => c,
             Err(e) => {
                 self.registration.handle.set_server(None);
@@ -1727,6 +1737,13 @@ impl Deadline {
             }),
         }
     }
+}
+
+fn left_while_waiting() -> PgError {
+    PgError::server_only(
+        sqlstate::CONNECTION_FAILURE,
+        "the client closed its connection while it waited for a server connection",
+    )
 }
 
 fn idle_session_timeout() -> PgError {

@@ -4,7 +4,7 @@
 use crate::accept::AcceptBackoff;
 use crate::admin::{Pooler, ReloadError, ReloadReport};
 use crate::auth::AuthAttempt;
-use crate::config::{settings, Config, ConfigError, OnError};
+use crate::config::{reload_guard, settings, Config, ConfigError, OnError};
 use crate::frontend::deps::{ConfigSnapshot, SessionDeps, ShutdownMode};
 use crate::hooks::builtin::Builtins;
 use crate::hooks::lua::{HookThreads, LoadError, LuaEngine, LuaServices, LuaSettings};
@@ -138,6 +138,12 @@ impl App {
         let blocking = Builtins::blocking(&new, &s.roles, &s.query).map_err(ReloadError::Config)?;
         let engine = LuaEngine::load(LuaSettings::from_config(&new), self.lua_services.clone())
             .map_err(ReloadError::Hooks)?;
+        // Nothing where there was something (an emptied file, a missing
+        // hooks folder) is refused, not applied.
+        let running = old.provides(self.lua_hooks.0.lock().len());
+        let next = snapshot.provides(engine.file_names().len());
+        reload_guard::check(&running, &next, &new)
+            .map_err(|issue| ReloadError::Config(issue.in_file(&new.source)))?;
         // Everything is valid: swap it in.
         let deps = &self.deps;
         deps.replace_snapshot(snapshot.clone());

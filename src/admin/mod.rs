@@ -108,7 +108,10 @@ impl Console {
         } else {
             return Err(PgError::fatal(
                 sqlstate::INSUFFICIENT_PRIVILEGE,
-                format!("user \"{user}\" may not use the admin console"),
+                format!(
+                    "user \"{}\" may not use the admin console",
+                    crate::protocol::error::shown_name(user)
+                ),
             )
             .with_hint("list the user under admin.users or admin.stats_users"));
         };

@@ -7,6 +7,7 @@
 
 pub mod builtins;
 pub mod peering;
+pub mod reload_guard;
 pub mod security;
 mod servers;
 pub mod settings;
@@ -280,6 +281,10 @@ pub struct HooksConfig {
     /// Folder of Lua hook files, relative to the working directory.
     #[serde(default = "defaults::hooks_dir")]
     pub dir: std::path::PathBuf,
+    /// A reload may leave no hook file (the folder missing or empty) where
+    /// some are loaded; otherwise such a reload is refused.
+    #[serde(default = "defaults::hooks_allow_empty")]
+    pub allow_empty: bool,
     /// Time budget of one hook call, in milliseconds.
     #[serde(default = "defaults::hooks_timeout_ms")]
     pub timeout_ms: u64,
@@ -519,6 +524,7 @@ mod defaults {
         log_disconnections: bool = "log.disconnections";
         hooks_enabled: bool = "hooks.enabled";
         hooks_dir: std::path::PathBuf = "hooks.dir";
+        hooks_allow_empty: bool = "hooks.allow_empty";
         hooks_timeout_ms: u64 = "hooks.timeout_ms";
         hooks_memory_limit_mb: usize = "hooks.memory_limit_mb";
         hooks_on_error: super::OnError = "hooks.on_error";
@@ -659,8 +665,21 @@ impl Config {
         Config::from_yaml(&text, &file)
     }
 
-    /// Parses and validates YAML text; `file` names it in errors.
+    /// Parses and validates YAML text; `file` names it in errors. A text
+    /// with no YAML in it (empty, or only comments) is an error: every
+    /// key would take its default, and usher would run with no users and no
+    /// databases (a truncated file, a template that rendered nothing).
     pub fn from_yaml(text: &str, file: &str) -> Result<Config, ConfigError> {
+        if matches!(
+            serde_yaml::from_str::<serde_yaml::Value>(text),
+            Ok(serde_yaml::Value::Null)
+        ) {
+            return Err(ConfigError {
+                file: file.to_string(),
+                key: "(file)".into(),
+                message: "the file holds no configuration (it is empty, or only comments)".into(),
+            });
+        }
         let de = serde_yaml::Deserializer::from_str(text);
         let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
             let key = key_of(e.path());

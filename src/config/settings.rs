@@ -194,6 +194,7 @@ pub const SETTINGS: &[SettingSpec] = &[
     s("admin.stats_users", Value("[]"), NewClients, HIDE),
     s("hooks.enabled", Value("true"), Live, SHOW),
     s("hooks.dir", Value("hooks"), Live, SHOW),
+    s("hooks.allow_empty", Value("false"), Live, HIDE),
     s("hooks.timeout_ms", Value("100"), Live, SHOW),
     s("hooks.memory_limit_mb", Value("32"), Live, SHOW),
     s("hooks.on_error", Value("reject"), Live, HIDE),

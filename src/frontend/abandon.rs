@@ -152,7 +152,7 @@ async fn drain_some(left: &mut Abandoned) -> Result<(), &'static str> {
     let walked = left
         .out_walker
         .walk(&left.out_buf, Flow::server_wants_body, |tag, body| {
-            if let (_, Some(Note::Parameter { name, value })) =
+            if let (_, Some(Note::Parameter { name, value, .. })) =
                 flow.server_message(tag, body, conn.prepared_mut(), false)
             {
                 parameters.push((name, value));
@@ -161,7 +161,7 @@ async fn drain_some(left: &mut Abandoned) -> Result<(), &'static str> {
         })
         .map_err(|_| "bad message from the server")?;
     for (name, value) in parameters {
-        conn.set_param(name, value);
+        conn.note_parameter(&name, &value);
     }
     let _ = left.out_buf.split_to(walked.forward);
     if left.flow.copy_in() {

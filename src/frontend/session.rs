@@ -19,11 +19,12 @@ use super::client_stream::ClientStream;
 use super::close_with_error;
 use super::deps::SessionDeps;
 use super::flow::{self, ClientStep, Flow, Note, PinStep, ServerStep};
-use super::params::SessionParams;
+use super::params::{canonical_name, SessionParams};
 use super::prepared::{self, ClientStatements, Rewriter};
 use super::spare_buffers;
-use super::sql_scan::PinKinds;
-use crate::backend::HeldState;
+use super::sql_scan::{PinKinds, Reset};
+use crate::backend::params::SERVER_SET;
+use crate::backend::{HeldState, Restore};
 use crate::config::{Pinning, PoolMode};
 use crate::hooks::{ClientInfo, Event, ServerInfo, SessionCtx, SessionEndCtx, SessionReason, Vars};
 use crate::metrics::{self, ErrorSource};
@@ -736,22 +737,28 @@ impl Session {
         checkout: &mut Checkout,
         exec: Vec<String>,
     ) -> Result<(), PgError> {
-        let settings = self.params.sync_settings(&checkout.conn, &self.defaults);
-        if !settings.is_empty() {
-            checkout
-                .conn
-                .apply_settings(&settings, "")
-                .await
-                .map_err(|e| {
-                    PgError::fatal(
-                        e.sqlstate(),
-                        format!("could not apply session parameters: {e}"),
-                    )
-                })?;
-            let changed = self.params.after_sync(&mut checkout.conn, &self.defaults);
-            report_parameters(client, changed).await?;
-        }
-        self.params.mark_in_line(&mut checkout.conn, &self.defaults);
+        let changed = self
+            .params
+            .bring_in_line(&mut checkout.conn, "", None)
+            .await
+            .map_err(|e| {
+                PgError::fatal(
+                    e.sqlstate(),
+                    format!("could not apply session parameters: {e}"),
+                )
+            })?;
+        report_parameters(client, changed).await?;
+        self.run_session_statements(client, checkout, exec).await
+    }
+
+    /// Runs the statements session_start hooks asked for; a failing one is
+    /// a WARNING for the client.
+    async fn run_session_statements(
+        &mut self,
+        client: &mut ClientStream,
+        checkout: &mut Checkout,
+        exec: Vec<String>,
+    ) -> Result<(), PgError> {
         for sql in exec {
             if let Err(e) = checkout.conn.simple_query(&sql).await {
                 let w = PgError::warning(format!("session_start statement failed: {e}"))
@@ -765,6 +772,124 @@ impl Session {
             }
         }
         Ok(())
+    }
+
+    /// [`ServerStep::Settle`]: the client's statements may have reset
+    /// settings, which on the server connection went to the server's
+    /// defaults. Brings the connection to what PostgreSQL would have, and
+    /// returns the ParameterStatus messages to send before the
+    /// ReadyForQuery (`status`): each reported parameter whose value is
+    /// not what the client was last told.
+    ///
+    /// Outside a transaction block the settings are read back and the
+    /// connection brought in line with the session (after a DISCARD ALL,
+    /// the session begins anew first: its SETs and hook values are
+    /// forgotten, session_start runs again). Inside one, the values the
+    /// session started with go back for the names it reset, within the
+    /// transaction (a ROLLBACK undoes both, as it would the RESET); the
+    /// rest is settled when the block ends.
+    async fn settle_resets(
+        &mut self,
+        client: &mut ClientStream,
+        fwd: &mut Forwarding,
+        status: u8,
+    ) -> Result<BytesMut, PgError> {
+        let conn = &fwd.held.as_ref().expect("a server connection is held").conn;
+        // What the client was told, before anything changes.
+        let mut told: Vec<(String, Option<String>)> = conn
+            .params()
+            .base()
+            .keys()
+            .map(|name| {
+                (
+                    name.clone(),
+                    self.params.told(name, &self.defaults).cloned(),
+                )
+            })
+            .collect();
+        told.sort();
+        if status == crate::protocol::tags::status::IDLE {
+            let mut exec = Vec::new();
+            if fwd.flow.take_discarded() {
+                // The client's DISCARD ALL: its session begins anew.
+                self.params.reset();
+                let server = fwd.held.as_ref().map(server_info);
+                exec = self
+                    .start_session(client, SessionReason::DiscardAll, server)
+                    .await?;
+                if self.mode != PoolMode::Session {
+                    // (Statements are session mode's.)
+                    exec.clear();
+                }
+            }
+            self.settle_settings(client, fwd, false).await?;
+            let checkout = fwd.held.as_mut().expect("a server connection is held");
+            self.params
+                .bring_in_line(&mut checkout.conn, "", None)
+                .await
+                .map_err(|e| {
+                    PgError::fatal(
+                        e.sqlstate(),
+                        format!("could not apply session parameters: {e}"),
+                    )
+                })?;
+            self.run_session_statements(client, checkout, exec).await?;
+        } else {
+            let restores = self.restores(fwd.flow.take_resets());
+            let conn = &mut fwd.held.as_mut().expect("a server connection is held").conn;
+            conn.restore(&restores).await.map_err(|e| {
+                PgError::fatal(
+                    e.sqlstate(),
+                    format!("could not put back the session's value of a reset setting: {e}"),
+                )
+            })?;
+        }
+        let conn = &fwd.held.as_ref().expect("a server connection is held").conn;
+        let mut out = BytesMut::new();
+        for (name, before) in told {
+            let Some(now) = conn.params().get(&name) else {
+                continue;
+            };
+            if before.as_ref() != Some(now) {
+                messages::parameter_status(&mut out, &name, now);
+                if status != crate::protocol::tags::status::IDLE {
+                    // Settled when the block ends; until then the client
+                    // has what it was told.
+                    self.params.observe(&name, now);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// What to put back inside a transaction block after `resets`: the
+    /// value the session started with, for each name it has one of (the
+    /// others went to the server's default, as they would directly).
+    fn restores(&self, resets: Vec<Reset>) -> Vec<Restore> {
+        let mut out = Vec::new();
+        let mut put = |name: &str, local: bool| {
+            if let Some(value) = self.params.reset_value(name) {
+                if !SERVER_SET.contains(&name) {
+                    out.push(Restore {
+                        name: name.to_string(),
+                        value: value.clone(),
+                        local,
+                    });
+                }
+            }
+        };
+        for reset in resets {
+            match reset {
+                Reset::One { name, local } => put(&canonical_name(&name), local),
+                Reset::All => {
+                    for name in self.params.started_with() {
+                        put(name, false);
+                    }
+                }
+                Reset::Unknown => {}
+            }
+        }
+        out
     }
 
     /// Forwards what the client sent: streams it through, rewriting messages
@@ -975,6 +1100,26 @@ impl Session {
                 spare_buffers::consume(&mut fwd.out_buf, walked.forward);
             }
             match answer {
+                Some(ServerStep::Settle { release }) => {
+                    // The ReadyForQuery is whole at the front of the buffer.
+                    let len = u32::from_be_bytes(fwd.out_buf[1..5].try_into().unwrap()) as usize;
+                    let status = fwd.out_buf[5];
+                    fwd.out_buf.advance(1 + len);
+                    // Boxed, as every rare step: see serve_loop.
+                    let mut out = Box::pin(self.settle_resets(client, fwd, status))
+                        .await
+                        .map_err(LoopEnd::Error)?;
+                    messages::ready_for_query(&mut out, status);
+                    self.pool.stats.sent(out.len() as u64);
+                    self.sent += out.len() as u64;
+                    client
+                        .write_all(&out)
+                        .await
+                        .map_err(|_| LoopEnd::ClientLeft)?;
+                    if release && self.end_transaction(client, fwd).await? {
+                        return Ok(());
+                    }
+                }
                 Some(step) => {
                     // The message replaced or dropped is whole in the buffer.
                     let len = u32::from_be_bytes(fwd.out_buf[1..5].try_into().unwrap()) as usize;
@@ -1046,9 +1191,11 @@ impl Session {
     /// counted, transactions counted.
     fn record(&mut self, note: Note, server: &mut crate::backend::ServerConn) {
         match note {
-            Note::Parameter { name, value } => {
-                self.params.observe(&name, &value);
-                server.set_param(name, value);
+            Note::Parameter { name, value, held } => {
+                server.note_parameter(&name, &value);
+                if !held {
+                    self.params.observe(&name, &value);
+                }
             }
             Note::StatementsDropped { discard_all } => {
                 // The client dropped its names with the server's.
@@ -1057,8 +1204,7 @@ impl Session {
                     self.registration.handle.set_prepared(0);
                 }
                 if discard_all {
-                    // usher's settings of unreported parameters are gone.
-                    server.forget_unreported(&self.defaults);
+                    server.settings_reset();
                 }
             }
             Note::Error { code, stale } => {
@@ -1227,7 +1373,7 @@ impl Session {
         let conn = &mut checkout.conn;
         // Custom settings the session or the connection already has may
         // have been RESET: ask for them too.
-        for name in conn.params().keys().chain(self.params.custom_names()) {
+        for name in conn.params().now().keys().chain(self.params.custom_names()) {
             if name.contains('.') && !custom.contains(name) {
                 custom.push(name.clone());
             }
@@ -1238,7 +1384,7 @@ impl Session {
                 format!("could not read the session's settings back: {e}"),
             )
         })?;
-        self.params.settle(read, conn, &self.defaults);
+        self.params.settle(read, conn.params().base());
         if sync_now {
             self.apply_session(client, checkout, Vec::new()).await?;
         }
@@ -1263,14 +1409,14 @@ impl Session {
             }
         }
         let conn = &mut checkout.conn;
-        let settings = self.params.sync_settings(conn, &self.defaults);
         let mut sql = String::new();
         let bound = self.pool.settings().prepared_statements;
         for id in conn.trim_prepared(bound) {
             sql.push_str(&format!("DEALLOCATE {};", prepared::server_name(id)));
         }
-        if !settings.is_empty() || !sql.is_empty() {
-            if let Err(e) = conn.apply_settings(&settings, &sql).await {
+        match self.params.bring_in_line(conn, &sql, None).await {
+            Ok(changed) => report_parameters(client, changed).await?,
+            Err(e) => {
                 self.pool.discard(checkout);
                 return Err(PgError::fatal(
                     e.sqlstate(),
@@ -1278,11 +1424,6 @@ impl Session {
                 ));
             }
         }
-        if !settings.is_empty() {
-            let changed = self.params.after_sync(conn, &self.defaults);
-            report_parameters(client, changed).await?;
-        }
-        self.params.mark_in_line(conn, &self.defaults);
         self.registration
             .handle
             .set_server(Some(checkout.conn.summary().clone()));

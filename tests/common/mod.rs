@@ -5,6 +5,7 @@
 pub mod attempts;
 pub mod console;
 pub mod libpq;
+pub mod raw;
 pub mod replica;
 pub mod tls;
 pub mod wait;

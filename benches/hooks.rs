@@ -8,7 +8,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use std::sync::Arc;
 use std::time::Duration;
 use usher::config::PoolMode;
-use usher::hooks::lua::{LuaEngine, LuaServices, LuaSettings};
+use usher::hooks::lua::{HookThreads, LuaEngine, LuaServices, LuaSettings};
 use usher::hooks::query::QueryPool;
 use usher::hooks::roles::RoleCache;
 use usher::hooks::shared::SharedStore;
@@ -39,11 +39,13 @@ fn trivial_lua(dir: &std::path::Path) -> Arc<LuaEngine> {
         timeout: Duration::from_millis(100),
         memory_limit: 32 << 20,
         max_idle_vms: 4,
+        vars_max_bytes: 65536,
     };
     let services = Arc::new(LuaServices {
-        shared: SharedStore::new(100),
+        shared: SharedStore::new(100, 1 << 20),
         roles: Arc::new(RoleCache::default()),
         query: Arc::new(QueryPool::new(None, 1, Duration::from_secs(1))),
+        threads: HookThreads::new(),
     });
     LuaEngine::load(settings, services).expect("the trivial hook loads")
 }

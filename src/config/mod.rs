@@ -304,6 +304,12 @@ pub struct HooksConfig {
     /// Keys `usher.shared` keeps at most.
     #[serde(default = "defaults::shared_max_keys")]
     pub shared_max_keys: usize,
+    /// Bytes (keys and values) `usher.shared` keeps at most.
+    #[serde(default = "defaults::shared_max_bytes")]
+    pub shared_max_bytes: usize,
+    /// Bytes (keys and values) a client's `ctx.vars` may hold.
+    #[serde(default = "defaults::vars_max_bytes")]
+    pub vars_max_bytes: usize,
 }
 
 impl Default for HooksConfig {
@@ -525,6 +531,8 @@ mod defaults {
         hooks_vms: usize = "hooks.vms";
         roles_refresh_s: f64 = "hooks.roles_refresh_s";
         shared_max_keys: usize = "hooks.shared_max_keys";
+        shared_max_bytes: usize = "hooks.shared_max_bytes";
+        vars_max_bytes: usize = "hooks.vars_max_bytes";
         query_pool_size: usize = "hooks.query.pool_size";
         query_timeout_ms: u64 = "hooks.query.timeout_ms";
     }

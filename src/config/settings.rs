@@ -199,6 +199,7 @@ pub const SETTINGS: &[SettingSpec] = &[
     s("hooks.memory_limit_mb", Value("32"), Live, SHOW),
     s("hooks.on_error", Value("reject"), Live, HIDE),
     s("hooks.vms", Value("0"), Live, HIDE),
+    s("hooks.vars_max_bytes", Value("65536"), Live, HIDE),
     s("hooks.query", Text("none"), Restart, HIDE),
     s("hooks.query.database", Text("none"), Restart, HIDE),
     s("hooks.query.user", Text("none"), Restart, HIDE),
@@ -208,6 +209,7 @@ pub const SETTINGS: &[SettingSpec] = &[
     // the start.
     s("hooks.roles_refresh_s", Value("30"), Restart, HIDE),
     s("hooks.shared_max_keys", Value("10000"), Restart, HIDE),
+    s("hooks.shared_max_bytes", Value("4194304"), Restart, HIDE),
     s("log.level", Value("info"), Live, SHOW),
     s("log.format", Value("text"), Restart, HIDE),
     s("log.connections", Value("true"), Live, SHOW),

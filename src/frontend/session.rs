@@ -147,6 +147,9 @@ struct Forwarding {
     copy: BytesMut,
     /// The copy went back in front of `in_buf`: walk it.
     replay: bool,
+    /// A client message came in whole since the serve loop last looked:
+    /// what restarts its timers (bytes of an unfinished one do not).
+    message_ended: bool,
 }
 
 impl Forwarding {
@@ -386,6 +389,7 @@ impl Session {
             notes: Vec::new(),
             copy: BytesMut::new(),
             replay: false,
+            message_ended: false,
         };
         if let Some(checkout) = self.login_server.take() {
             self.registration
@@ -490,6 +494,7 @@ impl Session {
         // Coming from the parked wait, the socket was just seen readable:
         // the first read need not ask again.
         let mut known_readable = fwd.held.is_none();
+        let mut idle_timer: Option<Deadline> = None;
         loop {
             let between_messages =
                 fwd.flow.quiet() && fwd.in_walker.at_boundary() && fwd.to_server.is_empty();
@@ -527,9 +532,8 @@ impl Session {
                 return LoopEnd::Idle;
             }
             woke = true;
-            // The client's turn to speak: its idle timeouts run (each loop
-            // turn is activity, so they restart; they are read each turn,
-            // as a reload may change them). A client idle between
+            // The client's turn to speak: its idle timeouts run (read each
+            // turn, as a reload may change them). A client idle between
             // transactions (no server connection, or session mode at a
             // clean 'I') gets client_idle_timeout; one that holds a server
             // connection the server is not working for (inside a
@@ -537,19 +541,25 @@ impl Session {
             // with an unsynced pipeline, in COPY IN) gets
             // idle_transaction_timeout, so it cannot keep a server forever.
             // A pinned client between transactions is idle as in session mode.
+            // The timer restarts when that state changes or a client message
+            // comes in whole, not at every turn: bytes trickled into an
+            // unfinished message do not keep it from firing (PostgreSQL's
+            // idle_in_transaction_session_timeout ends such a trickle too).
             let keeps_server = self.mode == PoolMode::Session || !fwd.flow.pinned().is_empty();
             let idle_limit =
                 if fwd.held.is_none() || (between_messages && fwd.flow.idle() && keeps_server) {
                     pool.settings()
                         .client_idle_timeout
-                        .map(|t| (t, idle_session_timeout as fn() -> PgError))
+                        .map(|t| (Timer::IdleSession, t))
                 } else if fwd.flow.waiting_for_client() || !fwd.in_walker.at_boundary() {
                     pool.settings()
                         .idle_transaction_timeout
-                        .map(|t| (t, idle_in_transaction_timeout as fn() -> PgError))
+                        .map(|t| (Timer::IdleTransaction, t))
                 } else {
                     None
                 };
+            let restart = std::mem::take(&mut fwd.message_ended);
+            idle_timer = Deadline::keep_or_start(idle_timer, idle_limit, restart);
             let in_buf = &mut fwd.in_buf;
             let out_buf = &mut fwd.out_buf;
             let held = &mut fwd.held;
@@ -567,10 +577,10 @@ impl Session {
                 biased;
                 _ = shutdown.changed(), if idle => LoopEvent::Shutdown,
                 end = async {
-                    match idle_limit {
-                        Some((t, error)) => {
-                            tokio::time::sleep(t).await;
-                            LoopEnd::Error(error())
+                    match idle_timer {
+                        Some(d) => {
+                            tokio::time::sleep_until(d.at).await;
+                            LoopEnd::Error(d.timer.error())
                         }
                         None => std::future::pending().await,
                     }
@@ -937,6 +947,7 @@ impl Session {
                     },
                 )
                 .map_err(LoopEnd::Error)?;
+            fwd.message_ended |= walked.ended;
             stats.queries(fwd.flow.take_queries());
             stats.received(walked.forward as u64);
             self.received += walked.forward as u64;
@@ -977,6 +988,7 @@ impl Session {
                     // usher's error replaces the server's.
                     let len = u32::from_be_bytes(fwd.in_buf[1..5].try_into().unwrap()) as usize;
                     let message = fwd.in_buf.split_to(1 + len);
+                    fwd.message_ended = true;
                     fwd.keep_copy(&message);
                     queue_for_server(
                         &mut fwd.to_server,
@@ -990,6 +1002,7 @@ impl Session {
                     // A statement about a prepared statement (SQL level).
                     let len = u32::from_be_bytes(fwd.in_buf[1..5].try_into().unwrap()) as usize;
                     let message = fwd.in_buf.split_to(1 + len);
+                    fwd.message_ended = true;
                     fwd.keep_copy(&message);
                     let failed_block = fwd.flow.known_failed_block();
                     let checkout = fwd.held.as_mut().expect("a server connection is held");
@@ -1019,6 +1032,8 @@ impl Session {
                         prepared: checkout.conn.prepared_mut(),
                         plan: fwd.flow.plan_mut(),
                     };
+                    // Whole, unless a Bind's parameters stream after its head.
+                    fwd.message_ended = true;
                     let taken = if tag == frontend::BIND {
                         // Only the Bind's head is in: rewrite it, and let
                         // the parameters stream after it.
@@ -1029,6 +1044,7 @@ impl Session {
                         rewriter.rewrite_bind_head(&portal, &name, len - 4 - head, &mut out);
                         let original = fwd.in_buf.split_to(5 + head);
                         fwd.in_walker.stream_rest_of_body(len - 4 - head);
+                        fwd.message_ended = len - 4 == head;
                         queue_for_server(&mut fwd.to_server, out);
                         original
                     } else {
@@ -1409,7 +1425,17 @@ impl Session {
     /// parameters, and the bound on prepared statements it keeps.
     async fn begin_transaction(&mut self, client: &mut ClientStream) -> Result<Checkout, PgError> {
         self.registration.handle.waiting();
-        let mut checkout = match self.pool.checkout().await {
+        let checkout = tokio::select! {
+            biased;
+            checkout = self.pool.checkout() => checkout,
+            // A client that left while it waited is not waited for (nor
+            // counted as waiting): its query never runs.
+            () = client.closed() => {
+                self.registration.handle.set_server(None);
+                return Err(left_while_waiting());
+            }
+        };
+        let mut checkout = match checkout {
             Ok(c) => c,
             Err(e) => {
                 self.registration.handle.set_server(None);
@@ -1676,6 +1702,62 @@ async fn server_io(
         tokio_util::io::poll_read_buf(Pin::new(&mut *stream), cx, out_buf).map_ok(ServerIo::Read)
     })
     .await
+}
+
+/// The serve loop's timers (see [`Deadline`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Timer {
+    /// client_idle_timeout.
+    IdleSession,
+    /// idle_transaction_timeout.
+    IdleTransaction,
+}
+
+impl Timer {
+    /// The error that ends the session when it fires.
+    fn error(self) -> PgError {
+        match self {
+            Timer::IdleSession => idle_session_timeout(),
+            Timer::IdleTransaction => idle_in_transaction_timeout(),
+        }
+    }
+}
+
+/// A running timer of the serve loop: it keeps its deadline while the
+/// client stays in the state it times, whatever else the turns bring.
+#[derive(Debug, Clone, Copy)]
+struct Deadline {
+    timer: Timer,
+    limit: std::time::Duration,
+    at: tokio::time::Instant,
+}
+
+impl Deadline {
+    /// The timer `want` asks for (none: no timer): `running` if it is that
+    /// timer with that limit and nothing restarts it, else one that starts
+    /// now.
+    fn keep_or_start(
+        running: Option<Deadline>,
+        want: Option<(Timer, std::time::Duration)>,
+        restart: bool,
+    ) -> Option<Deadline> {
+        let (timer, limit) = want?;
+        match running {
+            Some(d) if d.timer == timer && d.limit == limit && !restart => Some(d),
+            _ => Some(Deadline {
+                timer,
+                limit,
+                at: tokio::time::Instant::now() + limit,
+            }),
+        }
+    }
+}
+
+fn left_while_waiting() -> PgError {
+    PgError::server_only(
+        sqlstate::CONNECTION_FAILURE,
+        "the client closed its connection while it waited for a server connection",
+    )
 }
 
 fn idle_session_timeout() -> PgError {

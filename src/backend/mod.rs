@@ -27,7 +27,7 @@ pub use credential::{ServerCredential, SharedCredential};
 pub use error::{ConnectError, QueryError, ServerError, TlsStep, WireError};
 pub use held_state::HeldState;
 pub use hosts::{HostHealth, ServerHosts};
-pub use params::{ParamsFingerprint, Restore, ServerParams, Setting};
+pub use params::{ParamsFingerprint, Restore, ServerParams, Setting, Wanted};
 pub use server_stream::ServerStream;
 
 use crate::protocol::tags::field;

@@ -54,6 +54,28 @@ pub struct Setting {
     pub value: Option<String>,
 }
 
+/// What a session wants on its server connection.
+#[derive(Debug, Clone, Copy)]
+pub struct Wanted<'a> {
+    /// Every parameter it wants: canonical names, values as a startup
+    /// packet gives them.
+    pub params: &'a [(String, String)],
+    /// Those of them the client set itself (SET, set_config()): set on the
+    /// server even where its default has the same value, so that when the
+    /// session reads its settings back a value it set (listed: set in the
+    /// session) is told from one a RESET returned to the default (not
+    /// listed).
+    pub set_by_client: &'a [(String, String)],
+    /// Stands for both (a digest: equal means equal).
+    pub fingerprint: ParamsFingerprint,
+}
+
+impl Wanted<'_> {
+    fn set_by_client(&self, name: &str) -> bool {
+        self.set_by_client.iter().any(|(n, _)| n == name)
+    }
+}
+
 /// A server connection's record of its parameters.
 #[derive(Debug)]
 pub struct ServerParams {
@@ -62,6 +84,11 @@ pub struct ServerParams {
     /// The reported parameters as last reported, and the settings of
     /// unreported ones that differ from the base (absent: at the base).
     now: HashMap<String, String>,
+    /// Reported parameters whose value was set in the session (by usher or
+    /// read back so), where it may equal the base: a RESET of those changes
+    /// what the server's session says of them, not their value. (An
+    /// unreported one in `now` is set in the session.)
+    set: Vec<String>,
     /// The wanted parameters `now` was last found in line with; cleared
     /// whenever `now` changes, so a match means nothing needs setting.
     in_line_with: Option<ParamsFingerprint>,
@@ -73,6 +100,7 @@ impl ServerParams {
         ServerParams {
             now: reported.clone(),
             base: reported,
+            set: Vec::new(),
             in_line_with: None,
         }
     }
@@ -98,9 +126,17 @@ impl ServerParams {
         self.base.contains_key(name)
     }
 
-    /// Whether `name` is no longer at the base.
+    /// Whether `name` is no longer at the base (its value, or set in the
+    /// session).
     fn changed(&self, name: &str) -> bool {
-        self.now.get(name) != self.base.get(name)
+        self.now.get(name) != self.base.get(name) || self.set.iter().any(|n| n == name)
+    }
+
+    fn mark_set(&mut self, name: &str, set: bool) {
+        self.set.retain(|n| n != name);
+        if set {
+            self.set.push(name.to_string());
+        }
     }
 
     /// A ParameterStatus from the server.
@@ -117,20 +153,26 @@ impl ServerParams {
         self.in_line_with = None;
         let base = &self.base;
         self.now.retain(|k, _| base.contains_key(k));
+        self.set.clear();
     }
 
-    /// What the session has set of the unreported parameters, as the
-    /// server said (name, value as SHOW gives it); the rest is at the base.
-    /// `role` is unset when `none`.
+    /// What the session has set, as the server said (name, value as SHOW
+    /// gives it; `role` is unset when `none`, session_authorization when it
+    /// is the base): the unreported settings become exactly those, and the
+    /// reported ones listed are set in the session.
     pub fn read_back(&mut self, read: &[(String, String)]) {
         self.in_line_with = None;
         let base = &self.base;
         self.now.retain(|k, _| base.contains_key(k));
+        self.set.clear();
         for (name, value) in read {
-            let unset = self.base.contains_key(name)
-                || SERVER_SET.contains(&name.as_str())
-                || (name == "role" && value == "none");
-            if !unset {
+            let unset = SERVER_SET.contains(&name.as_str())
+                || (name == "role" && value == "none")
+                || (name == FIRST && self.base.get(name) == Some(value));
+            if unset {
+            } else if self.base.contains_key(name) {
+                self.set.push(name.clone());
+            } else {
                 self.now.insert(name.clone(), value.clone());
             }
         }
@@ -141,11 +183,11 @@ impl ServerParams {
         self.in_line_with.as_ref()
     }
 
-    /// Marks the connection in line with `wanted` (`fingerprint` stands
-    /// for it) if it is: nothing would be set.
-    pub fn mark_in_line(&mut self, wanted: &[(String, String)], fingerprint: ParamsFingerprint) {
-        if self.in_line_with != Some(fingerprint) && self.settings_for(wanted).is_empty() {
-            self.in_line_with = Some(fingerprint);
+    /// Marks the connection in line with `wanted` if it is: nothing would
+    /// be set.
+    pub fn mark_in_line(&mut self, wanted: Wanted<'_>) {
+        if self.in_line_with != Some(wanted.fingerprint) && self.settings_for(wanted).is_empty() {
+            self.in_line_with = Some(wanted.fingerprint);
         }
     }
 
@@ -153,14 +195,19 @@ impl ServerParams {
     /// with `wanted` (canonical names, values as a startup packet gives
     /// them) applied: every parameter not wanted and not at the base goes
     /// back to it; every wanted one not in place is applied from the base
-    /// (reset first if another value is in place). session_authorization
-    /// first (setting it resets role), then by name.
-    pub fn settings_for(&self, wanted: &[(String, String)]) -> Vec<Setting> {
+    /// (reset first if another value is in place; a value the client set
+    /// is set in the session). session_authorization first (setting it
+    /// resets role), then by name.
+    pub fn settings_for(&self, wanted: Wanted<'_>) -> Vec<Setting> {
         let mut settings = Vec::new();
-        for (name, value) in wanted {
+        for (name, value) in wanted.params {
             // (A server-set name here came in the startup packet: applied,
             // it fails as it would directly, 55P02.)
-            if self.now.get(name).or_else(|| self.base.get(name)) == Some(value) {
+            let in_place = self.now.get(name).or_else(|| self.base.get(name)) == Some(value)
+                && (!self.base.contains_key(name)
+                    || !wanted.set_by_client(name)
+                    || self.set.iter().any(|n| n == name));
+            if in_place {
                 continue;
             }
             if self.changed(name) && !SERVER_SET.contains(&name.as_str()) {
@@ -174,10 +221,11 @@ impl ServerParams {
                 value: Some(value.clone()),
             });
         }
-        let is_wanted = |name: &str| wanted.iter().any(|(n, _)| n == name);
+        let is_wanted = |name: &str| wanted.params.iter().any(|(n, _)| n == name);
         settings.extend(
             self.now
                 .keys()
+                .chain(self.set.iter().filter(|n| !self.now.contains_key(*n)))
                 .filter(|k| !SERVER_SET.contains(&k.as_str()))
                 .filter(|k| self.changed(k) && !is_wanted(k))
                 .map(|name| Setting {
@@ -195,7 +243,11 @@ impl ServerParams {
     /// spelling of those is learnt when the session reads them back).
     fn applied(&mut self, settings: &[Setting]) {
         self.in_line_with = None;
-        for s in settings.iter().filter(|s| !self.base.contains_key(&s.name)) {
+        for s in settings {
+            if self.base.contains_key(&s.name) {
+                self.mark_set(&s.name, s.value.is_some());
+                continue;
+            }
             match &s.value {
                 Some(v) => self.now.insert(s.name.clone(), v.clone()),
                 None => self.now.remove(&s.name),
@@ -257,9 +309,7 @@ impl ServerConn {
         Ok(())
     }
 
-    /// Brings the connection in line with `wanted` (canonical names,
-    /// values as a startup packet gives them; `fingerprint` stands for
-    /// them), then runs `then_sql` (usher's own statements, or nothing), in
+    /// Brings the connection in line with `wanted`, then runs `then_sql` (usher's own statements, or nothing), in
     /// one round trip; nothing at all if the connection was last found in
     /// line with the same and has not changed since. The NOTICEs the server
     /// raises are appended to `notices`, if given (a login passes them on).
@@ -269,23 +319,23 @@ impl ServerConn {
     /// ([`ServerConn::mark_in_line`]).
     pub async fn bring_in_line(
         &mut self,
-        wanted: &[(String, String)],
-        fingerprint: ParamsFingerprint,
+        wanted: Wanted<'_>,
         then_sql: &str,
         notices: Option<&mut bytes::BytesMut>,
     ) -> Result<Vec<(String, String)>, QueryError> {
-        let settings = if self.params.in_line_with == Some(fingerprint) {
+        let settings = if self.params.in_line_with == Some(wanted.fingerprint) {
             Vec::new()
         } else {
             self.params.settings_for(wanted)
         };
         if settings.is_empty() && then_sql.is_empty() {
-            self.params.in_line_with = Some(fingerprint);
+            self.params.in_line_with = Some(wanted.fingerprint);
             return Ok(Vec::new());
         }
         self.apply(&settings, then_sql, notices).await?;
         self.params.applied(&settings);
         Ok(wanted
+            .params
             .iter()
             .filter_map(|(name, value)| {
                 let now = self.params.base.get(name).and(self.params.now.get(name))?;
@@ -296,8 +346,8 @@ impl ServerConn {
 
     /// After [`ServerConn::bring_in_line`] and the session took the
     /// spellings: the connection is in line with `wanted` (if it is).
-    pub fn mark_in_line(&mut self, wanted: &[(String, String)], fingerprint: ParamsFingerprint) {
-        self.params.mark_in_line(wanted, fingerprint);
+    pub fn mark_in_line(&mut self, wanted: Wanted<'_>) {
+        self.params.mark_in_line(wanted);
     }
 
     /// Inside a transaction block, after the client's RESET: puts the
@@ -361,6 +411,16 @@ mod tests {
         )
     }
 
+    const F: ParamsFingerprint = ParamsFingerprint([1; 16]);
+
+    fn wanted(params: &[(String, String)]) -> Wanted<'_> {
+        Wanted {
+            params,
+            set_by_client: &[],
+            fingerprint: F,
+        }
+    }
+
     fn names(settings: &[Setting]) -> Vec<(&str, Option<&str>)> {
         settings
             .iter()
@@ -371,28 +431,29 @@ mod tests {
     #[test]
     fn a_value_is_applied_from_the_base() {
         let mut p = params();
+        let iso = pairs(&[("DateStyle", "iso")]);
         assert!(p
-            .settings_for(&pairs(&[("DateStyle", "ISO, MDY")]))
+            .settings_for(wanted(&pairs(&[("DateStyle", "ISO, MDY")])))
             .is_empty());
         assert_eq!(
-            names(&p.settings_for(&pairs(&[("DateStyle", "iso")]))),
+            names(&p.settings_for(wanted(&iso))),
             [("DateStyle", Some("iso"))]
         );
         // Another session left German: back to the base first, so `iso`
         // keeps the base's field order.
         p.reported("DateStyle", "German, DMY");
         assert_eq!(
-            names(&p.settings_for(&pairs(&[("DateStyle", "iso")]))),
+            names(&p.settings_for(wanted(&iso))),
             [("DateStyle", None), ("DateStyle", Some("iso"))]
         );
-        assert_eq!(names(&p.settings_for(&[])), [("DateStyle", None)]);
+        assert_eq!(names(&p.settings_for(wanted(&[]))), [("DateStyle", None)]);
     }
 
     #[test]
     fn unreported_settings_are_recorded_and_reset() {
         let mut p = params();
-        let wanted = pairs(&[("work_mem", "8MB"), ("session_authorization", "bob")]);
-        let settings = p.settings_for(&wanted);
+        let list = pairs(&[("work_mem", "8MB"), ("session_authorization", "bob")]);
+        let settings = p.settings_for(wanted(&list));
         assert_eq!(
             names(&settings),
             [
@@ -402,12 +463,16 @@ mod tests {
         );
         p.applied(&settings);
         p.reported("session_authorization", "bob");
-        assert!(p.settings_for(&wanted).is_empty());
+        assert!(p.settings_for(wanted(&list)).is_empty());
         assert_eq!(
-            names(&p.settings_for(&[])),
+            names(&p.settings_for(wanted(&[]))),
             [("session_authorization", None), ("work_mem", None)]
         );
-        p.read_back(&pairs(&[("role", "none"), ("statement_timeout", "5s")]));
+        p.read_back(&pairs(&[
+            ("role", "none"),
+            ("statement_timeout", "5s"),
+            ("session_authorization", "alice"),
+        ]));
         assert_eq!(p.get("work_mem"), None);
         assert_eq!(p.get("role"), None);
         assert_eq!(p.get("statement_timeout").map(String::as_str), Some("5s"));
@@ -416,17 +481,43 @@ mod tests {
     }
 
     #[test]
+    fn a_value_the_client_set_is_set_in_the_session_even_at_the_base() {
+        let mut p = params();
+        let list = pairs(&[("DateStyle", "ISO, MDY")]);
+        let by_client = Wanted {
+            params: &list,
+            set_by_client: &list,
+            fingerprint: F,
+        };
+        // At the base by default: set all the same, so a RESET can be told
+        // from it when the session reads its settings back.
+        let settings = p.settings_for(by_client);
+        assert_eq!(names(&settings), [("DateStyle", Some("ISO, MDY"))]);
+        p.applied(&settings);
+        assert!(p.settings_for(by_client).is_empty());
+        // A session that does not want it: back to the base, not set.
+        assert_eq!(names(&p.settings_for(wanted(&[]))), [("DateStyle", None)]);
+        // Read back as not set in the session (a RESET): set again.
+        p.read_back(&[]);
+        assert_eq!(
+            names(&p.settings_for(by_client)),
+            [("DateStyle", Some("ISO, MDY"))]
+        );
+        p.read_back(&list);
+        assert!(p.settings_for(by_client).is_empty());
+    }
+
+    #[test]
     fn in_line_until_it_changes() {
         let mut p = params();
-        let f = ParamsFingerprint([1; 16]);
-        let wanted = pairs(&[("DateStyle", "ISO, MDY")]);
-        p.mark_in_line(&wanted, f);
-        assert_eq!(p.in_line_with(), Some(&f));
+        let list = pairs(&[("DateStyle", "ISO, MDY")]);
+        p.mark_in_line(wanted(&list));
+        assert_eq!(p.in_line_with(), Some(&F));
         p.reported("DateStyle", "ISO, MDY");
-        assert_eq!(p.in_line_with(), Some(&f), "the same value changes nothing");
+        assert_eq!(p.in_line_with(), Some(&F), "the same value changes nothing");
         p.reported("DateStyle", "SQL, MDY");
         assert_eq!(p.in_line_with(), None);
-        p.mark_in_line(&pairs(&[("DateStyle", "iso")]), f);
+        p.mark_in_line(wanted(&pairs(&[("DateStyle", "iso")])));
         assert_eq!(p.in_line_with(), None, "not in line: not marked");
     }
 

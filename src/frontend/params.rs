@@ -3,7 +3,7 @@
 //! session uses is brought in line with it before it runs anything.
 
 use crate::backend::params::SERVER_SET;
-use crate::backend::{ParamsFingerprint, QueryError, ServerConn, ServerParams};
+use crate::backend::{ParamsFingerprint, QueryError, ServerConn, ServerParams, Wanted};
 use crate::protocol::PgError;
 use bytes::BytesMut;
 use std::collections::HashMap;
@@ -160,31 +160,42 @@ impl SessionParams {
         then_sql: &str,
         notices: Option<&mut BytesMut>,
     ) -> Result<Vec<(String, String)>, QueryError> {
-        let fingerprint = self.fingerprint();
         let spellings = conn
-            .bring_in_line(&self.merged().0, fingerprint, then_sql, notices)
+            .bring_in_line(self.wanted_now(), then_sql, notices)
             .await?;
         let changed = self.take_spellings(spellings);
-        let fingerprint = self.fingerprint();
-        conn.mark_in_line(&self.merged().0, fingerprint);
+        conn.mark_in_line(self.wanted_now());
         Ok(changed)
     }
 
-    /// A digest of the wanted parameters: SHA-256 of them, sorted, each
-    /// name and value length-prefixed, cut to 128 bits.
+    /// What the session wants, as the server connection takes it.
+    fn wanted_now(&mut self) -> Wanted<'_> {
+        let fingerprint = self.fingerprint();
+        Wanted {
+            params: &self.merged().0,
+            set_by_client: &self.client.0,
+            fingerprint,
+        }
+    }
+
+    /// A digest of the wanted parameters and of those the client set:
+    /// SHA-256 of both, sorted, each name and value length-prefixed, cut
+    /// to 128 bits.
     fn fingerprint(&mut self) -> ParamsFingerprint {
         if let Some(f) = self.fingerprint {
             return f;
         }
         use sha2::{Digest, Sha256};
         let mut hash = Sha256::new();
-        let mut entries: Vec<_> = self.merged().iter().collect();
-        entries.sort();
-        hash.update((entries.len() as u64).to_be_bytes());
-        for (name, value) in entries {
-            for part in [name, value] {
-                hash.update((part.len() as u64).to_be_bytes());
-                hash.update(part.as_bytes());
+        for layer in [self.merged(), &self.client] {
+            let mut entries: Vec<_> = layer.iter().collect();
+            entries.sort();
+            hash.update((entries.len() as u64).to_be_bytes());
+            for (name, value) in entries {
+                for part in [name, value] {
+                    hash.update((part.len() as u64).to_be_bytes());
+                    hash.update(part.as_bytes());
+                }
             }
         }
         let digest = hash.finalize();
@@ -219,13 +230,13 @@ impl SessionParams {
     /// a rolled-back one is not, and a reset returns to the startup value
     /// (the next sync brings it back).
     ///
-    /// `reset` says whether the statements may have reset a name. What the
-    /// read leaves out is at the server's default, and that is the
-    /// client's value unless it was reset: a reported parameter's value
-    /// is known (`server`), so a SET to the server's default on a
-    /// connection that had it by default is kept; a custom setting reset
-    /// reads as '' (its placeholder's value: nothing tells it from a SET
-    /// to '') and is taken as reset.
+    /// What the read leaves out is not set in the session: at the startup
+    /// value (the client's own values are always set in the session, even
+    /// where the server's default is the same: `Wanted::set_by_client`).
+    /// `server` is the connection's record; `reset` says whether the
+    /// statements may have reset a name: a custom setting reset reads as
+    /// '' (its placeholder's value, which nothing tells from a SET to '')
+    /// and is then taken as reset.
     pub fn settle(
         &mut self,
         read: Vec<(String, String)>,
@@ -246,14 +257,6 @@ impl SessionParams {
             };
             if !unset && base.get(name) != Some(value) {
                 self.client.insert(name.clone(), value.clone());
-            }
-        }
-        for (name, value) in base.iter() {
-            let by_default = !read.iter().any(|(n, _)| n == name);
-            if by_default && server.is_reported(name) && !reset(name) {
-                if let Some(now) = server.get(name).filter(|now| *now != value) {
-                    self.client.insert(name.clone(), now.clone());
-                }
             }
         }
         self.rebuild();
@@ -468,7 +471,7 @@ mod tests {
     }
 
     #[test]
-    fn settle_keeps_a_value_the_server_has_by_default_unless_reset() {
+    fn settle_takes_what_the_session_has_set() {
         let startup = vec![(
             "options".into(),
             "-c TimeZone=Asia/Kolkata -c app.x=a".into(),
@@ -479,12 +482,12 @@ mod tests {
                 .into_iter()
                 .collect(),
         );
-        // The client SET TimeZone to the server's default, on a server
-        // connection that had it by default: the read-back does not list it.
-        p.settle(Vec::new(), &server, |_| false);
+        // The client SET TimeZone to the server's default: listed.
+        let utc = vec![("TimeZone".to_string(), "Etc/UTC".to_string())];
+        p.settle(utc, &server, |_| false);
         assert_eq!(p.get("TimeZone"), Some("Etc/UTC"));
-        // Reset: back to the startup value.
-        p.settle(Vec::new(), &server, |name| name == "TimeZone");
+        // Not listed: reset, back to the startup value.
+        p.settle(Vec::new(), &server, |_| false);
         assert_eq!(p.get("TimeZone"), Some("Asia/Kolkata"));
         // A custom setting read as '' is a SET to '', unless it was reset.
         let read = vec![("app.x".to_string(), String::new())];

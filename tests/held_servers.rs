@@ -1,7 +1,8 @@
 //! A server connection is a pool's scarcest thing: a client may not keep
 //! one without a request in flight (idle_transaction_timeout covers every
-//! such state), and one that leaves mid-query has its query cancelled, so
-//! pool_size bounds PostgreSQL backends.
+//! such state), one that leaves mid-query has its query cancelled, so
+//! pool_size bounds PostgreSQL backends, and one that leaves while it
+//! waits for a server is not waited for.
 
 mod common;
 
@@ -181,6 +182,116 @@ async fn a_byte_trickle_does_not_hold_off_idle_transaction_timeout() {
     trickle.abort();
     // The server connection is free for the next client.
     usher.alice().await.simple_query("SELECT 1").await.unwrap();
+    canary.check();
+}
+
+/// Clients of alice waiting for a server connection (SHOW POOLS).
+async fn waiting(usher: &Usher) -> String {
+    let pools = console(usher, "SHOW POOLS").await;
+    get(row(&pools, "user", "alice"), "cl_waiting")
+        .unwrap_or("0")
+        .to_string()
+}
+
+/// Issue 25 item 11: a client that left while it waited for a server still
+/// counted as waiting until query_wait_timeout, and its query ran once a
+/// server came free. Now its socket is watched while it waits: gone (a
+/// close, or a Terminate), it stops waiting and its query never runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_while_waiting_is_not_waited_for() {
+    let pg = PgCluster::shared();
+    pg.psql_super_db(
+        "app",
+        "CREATE TABLE IF NOT EXISTS left_waiting (how text); GRANT ALL ON left_waiting TO alice",
+    );
+    let usher = Usher::start(
+        pg,
+        "auth:\n  method: trust\npool_mode: transaction\npool_size: 1\nquery_wait_timeout: 120\n",
+    )
+    .await;
+    let canary = Canary::start(usher.addr.port());
+    let holder = usher.alice().await;
+    holder
+        .batch_execute("DELETE FROM left_waiting")
+        .await
+        .unwrap();
+    for how in ["close", "terminate"] {
+        holder.batch_execute("BEGIN; SELECT 1").await.unwrap();
+        let mut waiter = trust_login(usher.addr).await;
+        let insert = format!("INSERT INTO left_waiting VALUES ('{how}')\0");
+        waiter
+            .write_all(&message(b'Q', insert.as_bytes()))
+            .await
+            .unwrap();
+        wait_for_async(Duration::from_secs(10), "the waiter waits", || async {
+            match waiting(&usher).await.as_str() {
+                "1" => Ok(()),
+                other => Err(other.to_string()),
+            }
+        })
+        .await;
+        if how == "terminate" {
+            waiter.write_all(&message(b'X', b"")).await.unwrap();
+        }
+        drop(waiter);
+        // It stops waiting at once (before: until query_wait_timeout).
+        wait_for_async(
+            Duration::from_secs(10),
+            &format!("{how}: nobody waits"),
+            || async {
+                match waiting(&usher).await.as_str() {
+                    "0" => Ok(()),
+                    other => Err(other.to_string()),
+                }
+            },
+        )
+        .await;
+        holder.batch_execute("COMMIT").await.unwrap();
+        // The next transaction takes the one server connection: a query
+        // still queued would have run by now.
+        let rows = holder
+            .query_one("SELECT count(*) FROM left_waiting", &[])
+            .await
+            .unwrap();
+        assert_eq!(
+            rows.get::<_, i64>(0),
+            0,
+            "{how}: the query of a client that left ran"
+        );
+        let clients = console(&usher, "SHOW CLIENTS").await;
+        let alices = clients.iter().filter(|c| get(c, "user") == Some("alice"));
+        assert_eq!(
+            alices.count(),
+            1,
+            "{how}: only the holder is left: {clients:?}"
+        );
+    }
+    // A waiter that sends more while it waits is still there: served once
+    // the server comes free, both queries answered.
+    holder.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    let mut waiter = trust_login(usher.addr).await;
+    waiter
+        .write_all(&message(b'Q', b"SELECT 1\0"))
+        .await
+        .unwrap();
+    wait_for_async(Duration::from_secs(10), "the waiter waits", || async {
+        match waiting(&usher).await.as_str() {
+            "1" => Ok(()),
+            other => Err(other.to_string()),
+        }
+    })
+    .await;
+    waiter
+        .write_all(&message(b'Q', b"SELECT 2\0"))
+        .await
+        .unwrap();
+    holder.batch_execute("COMMIT").await.unwrap();
+    let mut ready = 0;
+    while ready < 2 {
+        let (tag, _) = read_message(&mut waiter).await;
+        assert_ne!(tag, b'E');
+        ready += usize::from(tag == b'Z');
+    }
     canary.check();
 }
 

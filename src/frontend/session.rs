@@ -797,7 +797,9 @@ impl Session {
     /// forgotten, session_start runs again). Inside one, the values the
     /// session started with go back for the names it reset, within the
     /// transaction (a ROLLBACK undoes both, as it would the RESET); the
-    /// rest is settled when the block ends.
+    /// rest is settled when the block ends. In a failed block the error's
+    /// abort undid the resets (unless a SAVEPOINT followed them in the same
+    /// Query: a known limit).
     async fn settle_resets(
         &mut self,
         client: &mut ClientStream,
@@ -844,6 +846,10 @@ impl Session {
                     )
                 })?;
             self.run_session_statements(client, checkout, exec).await?;
+        } else if status == crate::protocol::tags::status::FAILED {
+            // The error aborted the (sub)transaction, and the resets with
+            // it: the server has what PostgreSQL would.
+            fwd.flow.take_resets();
         } else {
             let restores = self.restores(fwd.flow.take_resets());
             let conn = &mut fwd.held.as_mut().expect("a server connection is held").conn;
@@ -1384,7 +1390,8 @@ impl Session {
         fwd: &mut Forwarding,
         sync_now: bool,
     ) -> Result<(), PgError> {
-        let mut custom = fwd.flow.settled();
+        let effects = fwd.flow.settled();
+        let mut custom = effects.custom;
         let checkout = fwd.held.as_mut().expect("a server connection is held");
         let conn = &mut checkout.conn;
         // Custom settings the session or the connection already has may
@@ -1400,7 +1407,14 @@ impl Session {
                 format!("could not read the session's settings back: {e}"),
             )
         })?;
-        self.params.settle(read, conn.params().base());
+        // (A SET LOCAL ... TO DEFAULT ended with its transaction.)
+        let reset = |name: &str| {
+            effects.resets.iter().any(|r| match r {
+                Reset::All | Reset::Unknown => true,
+                Reset::One { name: n, local } => !local && canonical_name(n) == name,
+            })
+        };
+        self.params.settle(read, conn.params(), reset);
         if sync_now {
             self.apply_session(client, checkout, Vec::new()).await?;
         }
@@ -1411,7 +1425,17 @@ impl Session {
     /// parameters, and the bound on prepared statements it keeps.
     async fn begin_transaction(&mut self, client: &mut ClientStream) -> Result<Checkout, PgError> {
         self.registration.handle.waiting();
-        let mut checkout = match self.pool.checkout().await {
+        let checkout = tokio::select! {
+            biased;
+            checkout = self.pool.checkout() => checkout,
+            // A client that left while it waited is not waited for (nor
+            // counted as waiting): its query never runs.
+            () = client.closed() => {
+                self.registration.handle.set_server(None);
+                return Err(left_while_waiting());
+            }
+        };
+        let mut checkout = match checkout {
             Ok(c) => c,
             Err(e) => {
                 self.registration.handle.set_server(None);
@@ -1727,6 +1751,13 @@ impl Deadline {
             }),
         }
     }
+}
+
+fn left_while_waiting() -> PgError {
+    PgError::server_only(
+        sqlstate::CONNECTION_FAILURE,
+        "the client closed its connection while it waited for a server connection",
+    )
 }
 
 fn idle_session_timeout() -> PgError {

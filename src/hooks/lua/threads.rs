@@ -27,6 +27,9 @@ use tokio::sync::oneshot;
 /// its thread.
 const SLACK: Duration = Duration::from_millis(5);
 
+/// Hook threads set aside, still in a call past its deadline.
+pub const STUCK_GAUGE: &str = "usher_hook_threads_stuck";
+
 /// Set aside: the least priority there is.
 const SET_ASIDE_NICE: i32 = 19;
 
@@ -219,6 +222,7 @@ impl HookThreads {
                 q.stuck += 1;
                 lower_priority(ticket.tid.load(Ordering::Relaxed), SET_ASIDE_NICE);
                 let stuck = q.stuck;
+                metrics::gauge!(STUCK_GAUGE).set(stuck as f64);
                 let start = q.idle < q.jobs.len() && self.shared.may_start(&mut q);
                 drop(q);
                 tracing::warn!(
@@ -323,6 +327,7 @@ impl Shared {
                     // Lowered in priority for good: this thread ends (the
                     // next call starts one in its place if none is idle).
                     q.stuck -= 1;
+                    metrics::gauge!(STUCK_GAUGE).set(q.stuck as f64);
                     drop(q);
                     tracing::warn!(
                         ran_ms = started.elapsed().as_millis() as u64,

@@ -311,7 +311,10 @@ impl Shared {
             if let Some(job) = q.jobs.pop_front() {
                 if let Some(t) = &job.ticket {
                     if t.state.load(Ordering::Relaxed) != QUEUED {
-                        continue; // its caller is gone
+                        // Its caller is gone. Dropped unlocked: what it
+                        // holds (the last Arc of an engine) may submit.
+                        parking_lot::MutexGuard::unlocked(&mut q, || drop(job));
+                        continue;
                     }
                     t.tid.store(tid, Ordering::Relaxed);
                     t.state.store(RUNNING, Ordering::Relaxed);
@@ -472,6 +475,64 @@ mod tests {
             }
             assert!(Instant::now() < deadline, "a thread serves again");
         }
+    }
+
+    #[tokio::test]
+    async fn a_skipped_job_may_submit_when_dropped() {
+        // What a job holds can submit work when dropped (an engine's last
+        // Arc drops its idle VMs on a hook thread); a job skipped because
+        // its caller left is dropped outside the queue's lock.
+        struct SubmitsOnDrop(Arc<HookThreads>);
+        impl Drop for SubmitsOnDrop {
+            fn drop(&mut self) {
+                self.0.spawn(|| ());
+            }
+        }
+        let threads = Arc::new(HookThreads::with_bounds(1, 1));
+        let release = Arc::new(AtomicBool::new(false));
+        let r = release.clone();
+        let busy = {
+            let threads = threads.clone();
+            tokio::spawn(async move {
+                threads
+                    .run(Instant::now() + Duration::from_secs(10), move |tx| {
+                        while !r.load(Ordering::Relaxed) {
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                        let _ = tx.send(());
+                    })
+                    .await
+            })
+        };
+        while threads.shared.queue.lock().serving == 0 || threads.shared.queue.lock().idle > 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let held = SubmitsOnDrop(threads.clone());
+        let skipped = threads
+            .run(Instant::now() + Duration::from_millis(20), move |tx| {
+                let _held = held;
+                let _ = tx.send(());
+            })
+            .await;
+        assert_eq!(skipped, Err(NoAnswer::Late));
+        release.store(true, Ordering::Relaxed);
+        assert_eq!(busy.await.unwrap(), Ok(()));
+        // The thread takes the skipped job and the one its drop submitted.
+        loop {
+            let q = threads.shared.queue.try_lock_for(Duration::from_secs(5));
+            let q = q.expect("the queue's lock is free (no thread deadlocked on it)");
+            if q.jobs.is_empty() && q.idle == 1 {
+                break;
+            }
+            drop(q);
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let answer = threads
+            .run(Instant::now() + Duration::from_secs(10), |tx| {
+                let _ = tx.send(3);
+            })
+            .await;
+        assert_eq!(answer, Ok(3), "the thread is not stuck on the queue's lock");
     }
 
     #[tokio::test]

@@ -97,14 +97,14 @@ pub enum ServerStep {
     /// drop the error and walk the client's copy of the segment again, in
     /// front of what the client sent since (its ReadyForQuery is dropped).
     Replay,
-    /// A ReadyForQuery ('I' or 'T', nothing else in flight) after
-    /// statements that may have reset settings: on the server connection a
-    /// reset went to the server's default. Before the client hears it, the
-    /// session puts back what PostgreSQL would have ([`Flow::take_resets`],
-    /// or reading the settings back) and tells the client the parameters
-    /// that changed from what it was told (their ParameterStatus messages
-    /// were held back); then it sends it, and gives the connection back if
-    /// `release`.
+    /// A ReadyForQuery (nothing else in flight) after statements that may
+    /// have reset settings: on the server connection a reset went to the
+    /// server's default. Before the client hears it, the session puts back
+    /// what PostgreSQL would have ([`Flow::take_resets`], or reading the
+    /// settings back; nothing in a failed block, whose abort undid them)
+    /// and tells the client the parameters that changed from what it was
+    /// told (their ParameterStatus messages were held back); then it sends
+    /// it, and gives the connection back if `release`.
     Settle { release: bool },
 }
 
@@ -768,13 +768,7 @@ impl Flow {
                     && self.status == status::IDLE
                     && self.quiet()
                     && client_at_boundary;
-                if self.resets_pending()
-                    && self.status != status::FAILED
-                    && self.quiet()
-                    && client_at_boundary
-                {
-                    // (A failed block settles at its end, or at a ROLLBACK
-                    // TO that leaves it.)
+                if self.resets_pending() && self.quiet() && client_at_boundary {
                     ServerStep::Settle { release }
                 } else if release {
                     ServerStep::ForwardThenRelease
@@ -1093,10 +1087,11 @@ impl Flow {
         self.effects.settings && self.quiet() && self.idle()
     }
 
-    /// The session reads its settings back: the custom settings the
-    /// client's statements named, to ask for by name.
-    pub fn settled(&mut self) -> Vec<String> {
-        std::mem::take(&mut self.effects).custom
+    /// The session reads its settings back: what the client's statements
+    /// may have done since it last did (the custom settings they named,
+    /// to ask for by name; the resets not yet settled).
+    pub fn settled(&mut self) -> Effects {
+        std::mem::take(&mut self.effects)
     }
 
     /// Queries seen since last asked.
@@ -1574,18 +1569,36 @@ mod tests {
             // settled when it ends.
             h.client(&msg(frontend::QUERY, b"SHOW DateStyle\0"));
             assert_eq!(steps(&h.server(&ready(status::IN_TRANSACTION))), [Forward]);
-            // RESET ALL that fails in the block: settled at the ROLLBACK.
+            // RESET ALL that fails in the block: its abort undid it, the
+            // session tells what the server has.
             h.client(&msg(frontend::QUERY, b"RESET ALL; SELECT 1/0\0"));
             let got = h.server(&cat(&[
                 complete("RESET"),
-                status_of(b"TimeZone\0Etc/UTC\0"),
+                status_of(b"DateStyle\0German, DMY\0"),
                 ready(status::FAILED),
             ]));
-            assert_eq!(steps(&got), [Forward, ServerStep::Drop, Forward]);
+            assert_eq!(
+                steps(&got),
+                [
+                    Forward,
+                    ServerStep::Drop,
+                    ServerStep::Settle { release: false }
+                ]
+            );
+            assert_eq!(h.flow.take_resets(), [sql_scan::Reset::All]);
             h.client(&msg(frontend::QUERY, b"ROLLBACK\0"));
+            let got = h.server(&cat(&[complete("ROLLBACK"), ready(status::IDLE)]));
+            let end = if mode == PoolMode::Transaction {
+                ForwardThenRelease
+            } else {
+                Forward
+            };
+            assert_eq!(steps(&got), [Forward, end.clone()]);
+            // A DISCARD ALL settles before its ReadyForQuery 'I'.
+            h.client(&msg(frontend::QUERY, b"DISCARD ALL\0"));
             let got = h.server(&cat(&[
-                complete("ROLLBACK"),
-                status_of(b"TimeZone\0UTC\0"),
+                complete("DISCARD ALL"),
+                status_of(b"TimeZone\0Etc/UTC\0"),
                 ready(status::IDLE),
             ]));
             let release = mode == PoolMode::Transaction;
@@ -1596,7 +1609,6 @@ mod tests {
             assert!(h.flow.settings_to_settle());
             h.flow.settled();
             h.client(&msg(frontend::QUERY, b"SHOW TimeZone\0"));
-            let end = if release { ForwardThenRelease } else { Forward };
             assert_eq!(steps(&h.server(&ready(status::IDLE))), [end]);
         }
     }
@@ -1755,7 +1767,7 @@ mod tests {
         h.client(&msg(frontend::QUERY, b"ROLLBACK\0"));
         h.server(&done(b"ROLLBACK\0"));
         assert!(h.flow.settings_to_settle());
-        assert!(h.flow.settled().is_empty());
+        assert!(h.flow.settled().custom.is_empty());
         assert!(!h.flow.settings_to_settle(), "settled");
         // The extended protocol: the Parse's text; custom names are kept.
         h.client(&cat(&[
@@ -1771,7 +1783,7 @@ mod tests {
             done(b"SET\0"),
         ]));
         assert!(h.flow.settings_to_settle());
-        assert_eq!(h.flow.settled(), ["myapp.tenant"]);
+        assert_eq!(h.flow.settled().custom, ["myapp.tenant"]);
     }
 
     fn query(sql: &str) -> Vec<u8> {

@@ -3,7 +3,7 @@
 //! session uses is brought in line with it before it runs anything.
 
 use crate::backend::params::SERVER_SET;
-use crate::backend::{ParamsFingerprint, QueryError, ServerConn};
+use crate::backend::{ParamsFingerprint, QueryError, ServerConn, ServerParams};
 use crate::protocol::PgError;
 use bytes::BytesMut;
 use std::collections::HashMap;
@@ -216,24 +216,44 @@ impl SessionParams {
     /// what the server connection's session now has set (name, value;
     /// `ServerConn::session_settings`). The client's own layer becomes
     /// what differs from its startup and hook values, so a SET is kept,
-    /// a rolled-back one is not, and a RESET returns to the startup value
-    /// (the next sync brings it back). `reported` is the server
-    /// connection's base of the reported parameters.
-    pub fn settle(&mut self, read: Vec<(String, String)>, reported: &HashMap<String, String>) {
+    /// a rolled-back one is not, and a reset returns to the startup value
+    /// (the next sync brings it back).
+    ///
+    /// `reset` says whether the statements may have reset a name. What the
+    /// read leaves out is at the server's default, and that is the
+    /// client's value unless it was reset: a reported parameter's value
+    /// is known (`server`), so a SET to the server's default on a
+    /// connection that had it by default is kept; a custom setting reset
+    /// reads as '' (its placeholder's value: nothing tells it from a SET
+    /// to '') and is taken as reset.
+    pub fn settle(
+        &mut self,
+        read: Vec<(String, String)>,
+        server: &ServerParams,
+        reset: impl Fn(&str) -> bool,
+    ) {
         let mut base = self.startup.clone();
         base.extend(self.hook.iter().map(|(k, v)| (k.clone(), v.clone())));
         self.client.clear();
-        for (name, value) in read {
+        for (name, value) in &read {
             let unset = match name.as_str() {
                 "role" => value == "none",
-                "session_authorization" => reported.get(&name) == Some(&value),
+                "session_authorization" => server.base().get(name) == Some(value),
+                _ if name.contains('.') && value.is_empty() && base.contains_key(name) => {
+                    reset(name)
+                }
                 _ => SERVER_SET.contains(&name.as_str()),
             };
-            if unset {
-                continue;
+            if !unset && base.get(name) != Some(value) {
+                self.client.insert(name.clone(), value.clone());
             }
-            if base.get(&name) != Some(&value) {
-                self.client.insert(name, value);
+        }
+        for (name, value) in base.iter() {
+            let by_default = !read.iter().any(|(n, _)| n == name);
+            if by_default && server.is_reported(name) && !reset(name) {
+                if let Some(now) = server.get(name).filter(|now| *now != value) {
+                    self.client.insert(name.clone(), now.clone());
+                }
             }
         }
         self.rebuild();

@@ -814,7 +814,9 @@ impl Session {
     /// forgotten, session_start runs again). Inside one, the values the
     /// session started with go back for the names it reset, within the
     /// transaction (a ROLLBACK undoes both, as it would the RESET); the
-    /// rest is settled when the block ends.
+    /// rest is settled when the block ends. In a failed block the error's
+    /// abort undid the resets (unless a SAVEPOINT followed them in the same
+    /// Query: a known limit).
     async fn settle_resets(
         &mut self,
         client: &mut ClientStream,
@@ -861,6 +863,10 @@ impl Session {
                     )
                 })?;
             self.run_session_statements(client, checkout, exec).await?;
+        } else if status == crate::protocol::tags::status::FAILED {
+            // The error aborted the (sub)transaction, and the resets with
+            // it: the server has what PostgreSQL would.
+            fwd.flow.take_resets();
         } else {
             let restores = self.restores(fwd.flow.take_resets());
             let conn = &mut fwd.held.as_mut().expect("a server connection is held").conn;
@@ -1401,7 +1407,8 @@ impl Session {
         fwd: &mut Forwarding,
         sync_now: bool,
     ) -> Result<(), PgError> {
-        let mut custom = fwd.flow.settled();
+        let effects = fwd.flow.settled();
+        let mut custom = effects.custom;
         let checkout = fwd.held.as_mut().expect("a server connection is held");
         let conn = &mut checkout.conn;
         // Custom settings the session or the connection already has may
@@ -1417,7 +1424,14 @@ impl Session {
                 format!("could not read the session's settings back: {e}"),
             )
         })?;
-        self.params.settle(read, conn.params().base());
+        // (A SET LOCAL ... TO DEFAULT ended with its transaction.)
+        let reset = |name: &str| {
+            effects.resets.iter().any(|r| match r {
+                Reset::All | Reset::Unknown => true,
+                Reset::One { name: n, local } => !local && canonical_name(n) == name,
+            })
+        };
+        self.params.settle(read, conn.params(), reset);
         if sync_now {
             self.apply_session(client, checkout, Vec::new()).await?;
         }

@@ -30,6 +30,11 @@ impl Canary {
                     .await
                     .map_err(|e| format!("connect: {e}"))?;
                 tokio::spawn(driver);
+                // Warm: bob's pool opens its server connection now, not
+                // during the first measured query.
+                c.simple_query("select 1")
+                    .await
+                    .map_err(|e| format!("first select 1: {e}"))?;
                 let _ = ready.send(());
                 let mut slowest = Duration::ZERO;
                 while !stopping.load(Ordering::Relaxed) {

@@ -454,6 +454,47 @@ mod tests {
     }
 
     #[test]
+    fn a_parameter_of_its_own_wins_over_options() {
+        let startup = vec![
+            ("DateStyle".into(), "SQL".into()),
+            (
+                "options".into(),
+                "-c datestyle=German -c work_mem=8MB".into(),
+            ),
+        ];
+        let p = SessionParams::from_startup(&startup).unwrap();
+        assert_eq!(p.get("DateStyle"), Some("SQL"));
+        assert_eq!(p.get("work_mem"), Some("8MB"));
+    }
+
+    #[test]
+    fn settle_keeps_a_value_the_server_has_by_default_unless_reset() {
+        let startup = vec![(
+            "options".into(),
+            "-c TimeZone=Asia/Kolkata -c app.x=a".into(),
+        )];
+        let mut p = SessionParams::from_startup(&startup).unwrap();
+        let server = ServerParams::new(
+            [("TimeZone".to_string(), "Etc/UTC".to_string())]
+                .into_iter()
+                .collect(),
+        );
+        // The client SET TimeZone to the server's default, on a server
+        // connection that had it by default: the read-back does not list it.
+        p.settle(Vec::new(), &server, |_| false);
+        assert_eq!(p.get("TimeZone"), Some("Etc/UTC"));
+        // Reset: back to the startup value.
+        p.settle(Vec::new(), &server, |name| name == "TimeZone");
+        assert_eq!(p.get("TimeZone"), Some("Asia/Kolkata"));
+        // A custom setting read as '' is a SET to '', unless it was reset.
+        let read = vec![("app.x".to_string(), String::new())];
+        p.settle(read.clone(), &server, |_| false);
+        assert_eq!(p.get("app.x"), Some(""));
+        p.settle(read, &server, |name| name == "app.x");
+        assert_eq!(p.get("app.x"), Some("a"));
+    }
+
+    #[test]
     fn layers_and_reset() {
         let startup = vec![
             ("application_name".into(), "app".into()),

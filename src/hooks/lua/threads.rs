@@ -2,9 +2,7 @@
 //!
 //! A hook call is a job on a shared queue; an idle hook thread takes it,
 //! runs it, and answers through a oneshot the client's task awaits until
-//! the call's deadline. Hook threads run at a lower priority than the
-//! thread that starts them (nice +5), so Lua's CPU does not slow the
-//! clients the workers serve. Lua code is stopped at its deadline by the
+//! the call's deadline. Lua code is stopped at its deadline by the
 //! instruction-count hook, but a single C call (a catastrophic
 //! `string.find`) is not: its client gets its timeout at the deadline all
 //! the same, and the thread, still in the call, is set aside: its priority
@@ -29,10 +27,8 @@ use tokio::sync::oneshot;
 /// its thread.
 const SLACK: Duration = Duration::from_millis(5);
 
-/// How much lower than the thread that starts them hook threads run
-/// (nice, +5: a third of a worker's CPU share when both want a core), so
-/// that Lua's CPU never slows the clients the workers serve.
-const HOOK_NICE: i32 = 5;
+/// Hook threads set aside, still in a call past its deadline.
+pub const STUCK_GAUGE: &str = "usher_hook_threads_stuck";
 
 /// Set aside: the least priority there is.
 const SET_ASIDE_NICE: i32 = 19;
@@ -226,6 +222,7 @@ impl HookThreads {
                 q.stuck += 1;
                 lower_priority(ticket.tid.load(Ordering::Relaxed), SET_ASIDE_NICE);
                 let stuck = q.stuck;
+                metrics::gauge!(STUCK_GAUGE).set(stuck as f64);
                 let start = q.idle < q.jobs.len() && self.shared.may_start(&mut q);
                 drop(q);
                 tracing::warn!(
@@ -280,7 +277,7 @@ impl Drop for Waiting<'_> {
 impl Shared {
     /// Whether one more thread may start (and counts it if so). Only
     /// threads other than hook threads start one: a thread has its
-    /// creator's priority, and a hook thread's is lowered.
+    /// creator's priority, and a set-aside hook thread's is the least.
     fn may_start(&self, q: &mut Queue) -> bool {
         if q.closed
             || q.serving >= self.max_threads
@@ -309,7 +306,6 @@ impl Shared {
     fn serve(self: Arc<Self>) {
         ON_HOOK_THREAD.set(true);
         let tid = thread_id();
-        lower_priority(tid, HOOK_NICE);
         let mut q = self.queue.lock();
         loop {
             if let Some(job) = q.jobs.pop_front() {
@@ -331,6 +327,7 @@ impl Shared {
                     // Lowered in priority for good: this thread ends (the
                     // next call starts one in its place if none is idle).
                     q.stuck -= 1;
+                    metrics::gauge!(STUCK_GAUGE).set(q.stuck as f64);
                     drop(q);
                     tracing::warn!(
                         ran_ms = started.elapsed().as_millis() as u64,

@@ -519,12 +519,14 @@ mod tests {
         assert_eq!(busy.await.unwrap(), Ok(()));
         // The thread takes the skipped job and the one its drop submitted.
         loop {
-            let q = threads.shared.queue.try_lock_for(Duration::from_secs(5));
-            let q = q.expect("the queue's lock is free (no thread deadlocked on it)");
-            if q.jobs.is_empty() && q.idle == 1 {
+            let settled = {
+                let q = threads.shared.queue.try_lock_for(Duration::from_secs(5));
+                let q = q.expect("the queue's lock is free (no thread deadlocked on it)");
+                q.jobs.is_empty() && q.idle == 1
+            };
+            if settled {
                 break;
             }
-            drop(q);
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         let answer = threads

@@ -6,71 +6,13 @@
 
 mod common;
 
+use common::canary_lite::Canary;
 use common::console::{console, get, row};
 use common::wait::{eventually_async, wait_for_async};
 use common::wire::{message, read_error, read_message, trust_login};
 use common::{PgCluster, Usher};
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
-
-/// A client beside a failure-path test: `select 1` every 10 ms through
-/// usher as bob (a pool of his own), failing the test on a stall over
-/// 250 ms. (The same API as the lead's tests/common/canary.rs, which
-/// replaces it once on main.)
-struct Canary {
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    thread: std::thread::JoinHandle<Result<Duration, String>>,
-}
-
-impl Canary {
-    fn start(port: u16) -> Canary {
-        use std::sync::atomic::Ordering;
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let stopping = stop.clone();
-        let (ready, connected) = std::sync::mpsc::channel();
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async move {
-                let conn = format!(
-                    "host=127.0.0.1 port={port} user=bob password={} dbname=app",
-                    common::BOB_PASSWORD
-                );
-                let (c, driver) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
-                    .await
-                    .map_err(|e| format!("connect: {e}"))?;
-                tokio::spawn(driver);
-                let _ = ready.send(());
-                let mut slowest = Duration::ZERO;
-                while !stopping.load(Ordering::Relaxed) {
-                    let started = std::time::Instant::now();
-                    tokio::time::timeout(Duration::from_secs(10), c.simple_query("select 1"))
-                        .await
-                        .map_err(|_| "select 1 hung".to_string())?
-                        .map_err(|e| format!("select 1: {e}"))?;
-                    slowest = slowest.max(started.elapsed());
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-                Ok(slowest)
-            })
-        });
-        connected
-            .recv_timeout(Duration::from_secs(10))
-            .expect("the canary connects");
-        Canary { stop, thread }
-    }
-
-    fn check(self) {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let slowest = self.thread.join().unwrap().expect("the canary");
-        assert!(
-            slowest <= Duration::from_millis(250),
-            "the canary stalled {slowest:?}"
-        );
-    }
-}
 
 /// Waits until the pool of alice/app lends `n` server connections.
 async fn wait_for_lent(usher: &Usher, n: usize) {

@@ -2,60 +2,15 @@
 //! with usher as a child process on one runtime worker (`workers: 1`), so
 //! that Lua running on a worker would stall everything: a runaway top
 //! level on reload, one C call that backtracks for ever, a finalizer that
-//! spins, and 8 MB kept in `ctx.vars`. A canary client runs `SELECT 1`
-//! throughout and fails the test on a stall.
+//! spins, and 8 MB kept in `ctx.vars`. A canary client (bob, with no
+//! application_name: the hooks here act on application names) runs
+//! `SELECT 1` throughout and fails the test on a stall.
 
 mod common;
 
+use common::canary_lite::Canary;
 use common::wait::DEADLINE;
-use common::{sqlstate, status_kb, PgCluster, UsherProcess, ALICE_PASSWORD, BOB_PASSWORD};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-/// The longest a canary query may wait.
-const STALL: Duration = Duration::from_millis(250);
-
-/// A client running `SELECT 1` every 10 ms until [`Canary::finish`], which
-/// fails on an error or a query that waited longer than [`STALL`].
-struct Canary {
-    stop: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<Result<Duration, String>>,
-}
-
-impl Canary {
-    async fn start(usher: &UsherProcess) -> Canary {
-        let (client, _driver) = usher.alice().await;
-        // The pool's server connection opens here, before the watch.
-        client.simple_query("SELECT 1").await.unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopping = stop.clone();
-        let task = tokio::spawn(async move {
-            let mut longest = Duration::ZERO;
-            while !stopping.load(Ordering::Relaxed) {
-                let started = Instant::now();
-                match tokio::time::timeout(DEADLINE, client.simple_query("SELECT 1")).await {
-                    Ok(Ok(_)) => {}
-                    Ok(Err(e)) => return Err(format!("canary query failed: {e}")),
-                    Err(_) => return Err("canary query hung".to_string()),
-                }
-                longest = longest.max(started.elapsed());
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            Ok(longest)
-        });
-        Canary { stop, task }
-    }
-
-    async fn finish(self) {
-        self.stop.store(true, Ordering::Relaxed);
-        let longest = self.task.await.unwrap().unwrap_or_else(|e| panic!("{e}"));
-        assert!(
-            longest <= STALL,
-            "the canary waited {longest:?} for a query"
-        );
-    }
-}
+use common::{sqlstate, status_kb, PgCluster, UsherProcess, ALICE_PASSWORD};
 
 /// A folder of hook files.
 fn hook_dir(files: &[(&str, &str)]) -> tempfile::TempDir {
@@ -67,9 +22,9 @@ fn hook_dir(files: &[(&str, &str)]) -> tempfile::TempDir {
 }
 
 /// One worker; md5 for clients and one server connection per pool (opened
-/// by the canary's first query): a debug build's SCRAM, a client's or a
-/// new server connection's, holds the one worker long enough to look like
-/// a stall to the canary.
+/// before the canary starts: see [`watched`]): a debug build's SCRAM, a
+/// client's or a new server connection's, holds the one worker long
+/// enough to look like a stall to the canary.
 fn hooks_yaml(dir: &tempfile::TempDir, extra: &str) -> String {
     let mut s = format!(
         "workers: 1\npool_size: 1\nauth:\n  method: md5\nhooks:\n  dir: {}\n",
@@ -114,6 +69,12 @@ async fn alice_is_served(usher: &UsherProcess) {
     assert_eq!(row.get::<_, i32>(0), 1);
 }
 
+/// Starts the canary once alice's pool has its server connection.
+async fn watched(usher: &UsherProcess) -> Canary {
+    alice_is_served(usher).await;
+    Canary::start(usher.port)
+}
+
 /// SHOW HOOKS' first row, column `column`.
 async fn show_hooks(usher: &UsherProcess, column: &str) -> String {
     let rows = common::console::console_at(usher.port, "SHOW HOOKS")
@@ -129,20 +90,20 @@ async fn logged(usher: &UsherProcess, text: &str) {
     common::wait::eventually_async(DEADLINE, text, || async { usher.log().contains(text) }).await;
 }
 
-const REJECT_BOB: &str = r#"
+const REJECT: &str = r#"
 function client_connection(ctx)
-  if ctx.user == "bob" then ctx:reject("bob may not connect") end
+  if ctx.application_name == "rejected" then ctx:reject("not this one") end
 end
 "#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runaway_top_level_fails_the_reload_and_the_old_hooks_serve() {
     let pg = PgCluster::shared();
-    let dir = hook_dir(&[("10-reject.lua", REJECT_BOB)]);
+    let dir = hook_dir(&[("10-reject.lua", REJECT)]);
     let usher = UsherProcess::builder(pg)
         .extra(&hooks_yaml(&dir, "timeout_ms: 200"))
         .start();
-    let canary = Canary::start(&usher).await;
+    let canary = watched(&usher).await;
     std::fs::write(dir.path().join("20-runaway.lua"), "while true do end\n").unwrap();
     // RELOAD on the console: an error naming the file, in good time.
     let e = tokio::time::timeout(
@@ -172,12 +133,12 @@ async fn a_runaway_top_level_fails_the_reload_and_the_old_hooks_serve() {
         "{log}"
     );
     // The old set still serves, and logins go on.
-    let e = login(&usher, "bob", BOB_PASSWORD, "plain")
+    let e = login(&usher, "alice", ALICE_PASSWORD, "rejected")
         .await
-        .expect_err("bob is still refused");
+        .expect_err("still refused");
     assert_eq!(sqlstate(&e).as_deref(), Some("28000"));
     alice_is_served(&usher).await;
-    canary.finish().await;
+    canary.check();
 }
 
 /// The string, n bytes of it from application_name, takes for ever: n³
@@ -199,10 +160,10 @@ async fn one_long_c_call_holds_only_its_own_client() {
     let usher = UsherProcess::builder(pg)
         .extra(&hooks_yaml(&dir, "timeout_ms: 1000"))
         .start();
-    let canary = Canary::start(&usher).await;
+    let canary = watched(&usher).await;
     let conn = format!(
         "{} application_name=100000",
-        usher.conn_str("bob", BOB_PASSWORD, "app")
+        usher.conn_str("alice", ALICE_PASSWORD, "app")
     );
     let stuck = tokio::spawn(async move {
         tokio::time::timeout(
@@ -218,15 +179,15 @@ async fn one_long_c_call_holds_only_its_own_client() {
     let e = stuck
         .await
         .unwrap()
-        .expect("bob has an answer at his hook's deadline")
-        .expect_err("bob is refused (hooks.on_error: reject)");
+        .expect("an answer at the hook's deadline")
+        .expect_err("refused (hooks.on_error: reject)");
     assert_eq!(sqlstate(&e).as_deref(), Some("28000"), "{e:?}");
     logged(&usher, "still running past its deadline").await;
     for _ in 0..3 {
         alice_is_served(&usher).await;
     }
     assert_eq!(show_hooks(&usher, "timeouts").await, "1");
-    canary.finish().await;
+    canary.check();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -236,7 +197,7 @@ async fn a_finalizer_that_spins_holds_no_one() {
         "10-finalizer.lua",
         r#"
 function client_connection(ctx)
-  if ctx.user == "bob" then
+  if ctx.application_name == "finalizer" then
     setmetatable({}, { __gc = function()
       local t = os.clock()
       while os.clock() - t < 30 do end
@@ -250,15 +211,15 @@ end
     let usher = UsherProcess::builder(pg)
         .extra(&hooks_yaml(&dir, "timeout_ms: 2000"))
         .start();
-    let canary = Canary::start(&usher).await;
-    let e = login(&usher, "bob", BOB_PASSWORD, "plain")
+    let canary = watched(&usher).await;
+    let e = login(&usher, "alice", ALICE_PASSWORD, "finalizer")
         .await
-        .expect_err("bob's hook fails");
+        .expect_err("the hook fails");
     assert_eq!(sqlstate(&e).as_deref(), Some("28000"), "{e:?}");
     let last_error = show_hooks(&usher, "last_error").await;
     assert!(last_error.contains("__gc"), "{last_error}");
     alice_is_served(&usher).await;
-    canary.finish().await;
+    canary.check();
 }
 
 const BIG_VARS: &str = r#"

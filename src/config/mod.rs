@@ -203,6 +203,11 @@ pub struct Config {
     /// end the session with 54000. Other messages stream through.
     #[serde(default = "defaults::max_buffered_message")]
     pub max_buffered_message: usize,
+    /// Seconds a client may take to finish a message usher holds beyond
+    /// the first 64 KiB of its read buffer (charged to
+    /// `max_buffered_total`); then FATAL 57P05.
+    #[serde(default = "defaults::client_message_timeout")]
+    pub client_message_timeout: f64,
     /// Bytes all clients together may make usher hold in read buffers
     /// beyond their first 64 KiB each; a client that would pass it ends
     /// with 53200.
@@ -494,6 +499,7 @@ mod defaults {
         idle_transaction_timeout: f64 = "idle_transaction_timeout";
         server_connect_timeout: f64 = "server_connect_timeout";
         auth_timeout: f64 = "auth_timeout";
+        client_message_timeout: f64 = "client_message_timeout";
         shutdown_timeout: f64 = "shutdown_timeout";
         server_idle_timeout: f64 = "server_idle_timeout";
         server_lifetime: f64 = "server_lifetime";
@@ -710,6 +716,7 @@ impl Config {
             ("server_connect_timeout", self.server_connect_timeout),
             ("auth_timeout", self.auth_timeout),
             ("shutdown_timeout", self.shutdown_timeout),
+            ("client_message_timeout", self.client_message_timeout),
         ] {
             if !usable_seconds(v, false) {
                 return Err(err(

@@ -103,6 +103,7 @@ pub const SETTINGS: &[SettingSpec] = &[
     s("max_message_size", Value("268435456"), NewClients, SHOW),
     s("max_buffered_message", Value("16777216"), NewClients, SHOW),
     s("max_buffered_total", Value("536870912"), Live, SHOW),
+    s("client_message_timeout", Value("60"), Live, SHOW),
     // Whether a client's named statements are rewritten is decided when it
     // connects; the bound per server connection applies at once.
     s("prepared_statements", Value("200"), NewClients, SHOW),

@@ -495,6 +495,7 @@ impl Session {
         // the first read need not ask again.
         let mut known_readable = fwd.held.is_none();
         let mut idle_timer: Option<Deadline> = None;
+        let mut message_timer: Option<Deadline> = None;
         loop {
             let between_messages =
                 fwd.flow.quiet() && fwd.in_walker.at_boundary() && fwd.to_server.is_empty();
@@ -560,6 +561,22 @@ impl Session {
                 };
             let restart = std::mem::take(&mut fwd.message_ended);
             idle_timer = Deadline::keep_or_start(idle_timer, idle_limit, restart);
+            // A message held beyond the free part of the read buffer (charged
+            // to max_buffered_total) must be finished within
+            // client_message_timeout: a client that stops in its middle
+            // would otherwise keep the budget others' large messages need
+            // for as long as it liked, holding no server and no other timer.
+            // (Not while usher itself is not reading: what the client sent
+            // waits for the server to take it.)
+            let message_limit = (self.charged > 0 && fwd.to_server.is_empty()).then(|| {
+                let t = self.deps.config().client_message_timeout;
+                (Timer::PartialMessage, std::time::Duration::from_secs_f64(t))
+            });
+            message_timer = Deadline::keep_or_start(message_timer, message_limit, restart);
+            let first_deadline = match (idle_timer, message_timer) {
+                (Some(i), Some(m)) => Some(if m.at < i.at { m } else { i }),
+                (i, m) => i.or(m),
+            };
             let in_buf = &mut fwd.in_buf;
             let out_buf = &mut fwd.out_buf;
             let held = &mut fwd.held;
@@ -577,10 +594,10 @@ impl Session {
                 biased;
                 _ = shutdown.changed(), if idle => LoopEvent::Shutdown,
                 end = async {
-                    match idle_timer {
+                    match first_deadline {
                         Some(d) => {
                             tokio::time::sleep_until(d.at).await;
-                            LoopEnd::Error(d.timer.error())
+                            LoopEnd::Error(d.error())
                         }
                         None => std::future::pending().await,
                     }
@@ -1711,16 +1728,9 @@ enum Timer {
     IdleSession,
     /// idle_transaction_timeout.
     IdleTransaction,
-}
-
-impl Timer {
-    /// The error that ends the session when it fires.
-    fn error(self) -> PgError {
-        match self {
-            Timer::IdleSession => idle_session_timeout(),
-            Timer::IdleTransaction => idle_in_transaction_timeout(),
-        }
-    }
+    /// client_message_timeout: part of a message held against
+    /// max_buffered_total.
+    PartialMessage,
 }
 
 /// A running timer of the serve loop: it keeps its deadline while the
@@ -1733,6 +1743,15 @@ struct Deadline {
 }
 
 impl Deadline {
+    /// The error that ends the session when it fires.
+    fn error(&self) -> PgError {
+        match self.timer {
+            Timer::IdleSession => idle_session_timeout(),
+            Timer::IdleTransaction => idle_in_transaction_timeout(),
+            Timer::PartialMessage => message_timeout(self.limit),
+        }
+    }
+
     /// The timer `want` asks for (none: no timer): `running` if it is that
     /// timer with that limit and nothing restarts it, else one that starts
     /// now.
@@ -1758,6 +1777,21 @@ fn left_while_waiting() -> PgError {
         sqlstate::CONNECTION_FAILURE,
         "the client closed its connection while it waited for a server connection",
     )
+}
+
+/// A client that stopped in the middle of a large message: as PostgreSQL
+/// ends a client idle in the middle of one (idle_session_timeout, whose
+/// SQLSTATE this is), with usher's reason.
+fn message_timeout(limit: std::time::Duration) -> PgError {
+    PgError::fatal(
+        sqlstate::IDLE_SESSION_TIMEOUT,
+        "terminating connection: the client did not finish its message in time",
+    )
+    .with_detail(format!(
+        "usher held part of a message larger than {} KiB for it (against max_buffered_total) longer than client_message_timeout ({}s)",
+        budget::FREE_BYTES / 1024,
+        limit.as_secs_f64()
+    ))
 }
 
 fn idle_session_timeout() -> PgError {

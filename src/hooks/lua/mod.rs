@@ -16,7 +16,7 @@
 
 mod api;
 mod convert;
-mod threads;
+pub(crate) mod threads;
 mod vm;
 
 pub use threads::HookThreads;

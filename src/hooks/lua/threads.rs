@@ -2,9 +2,7 @@
 //!
 //! A hook call is a job on a shared queue; an idle hook thread takes it,
 //! runs it, and answers through a oneshot the client's task awaits until
-//! the call's deadline. Hook threads run at a lower priority than the
-//! thread that starts them (nice +5), so Lua's CPU does not slow the
-//! clients the workers serve. Lua code is stopped at its deadline by the
+//! the call's deadline. Lua code is stopped at its deadline by the
 //! instruction-count hook, but a single C call (a catastrophic
 //! `string.find`) is not: its client gets its timeout at the deadline all
 //! the same, and the thread, still in the call, is set aside: its priority
@@ -29,10 +27,8 @@ use tokio::sync::oneshot;
 /// its thread.
 const SLACK: Duration = Duration::from_millis(5);
 
-/// How much lower than the thread that starts them hook threads run
-/// (nice, +5: a third of a worker's CPU share when both want a core), so
-/// that Lua's CPU never slows the clients the workers serve.
-const HOOK_NICE: i32 = 5;
+/// Hook threads set aside, still in a call past its deadline.
+pub const STUCK_GAUGE: &str = "usher_hook_threads_stuck";
 
 /// Set aside: the least priority there is.
 const SET_ASIDE_NICE: i32 = 19;
@@ -226,6 +222,7 @@ impl HookThreads {
                 q.stuck += 1;
                 lower_priority(ticket.tid.load(Ordering::Relaxed), SET_ASIDE_NICE);
                 let stuck = q.stuck;
+                metrics::gauge!(STUCK_GAUGE).set(stuck as f64);
                 let start = q.idle < q.jobs.len() && self.shared.may_start(&mut q);
                 drop(q);
                 tracing::warn!(
@@ -280,7 +277,7 @@ impl Drop for Waiting<'_> {
 impl Shared {
     /// Whether one more thread may start (and counts it if so). Only
     /// threads other than hook threads start one: a thread has its
-    /// creator's priority, and a hook thread's is lowered.
+    /// creator's priority, and a set-aside hook thread's is the least.
     fn may_start(&self, q: &mut Queue) -> bool {
         if q.closed
             || q.serving >= self.max_threads
@@ -309,13 +306,15 @@ impl Shared {
     fn serve(self: Arc<Self>) {
         ON_HOOK_THREAD.set(true);
         let tid = thread_id();
-        lower_priority(tid, HOOK_NICE);
         let mut q = self.queue.lock();
         loop {
             if let Some(job) = q.jobs.pop_front() {
                 if let Some(t) = &job.ticket {
                     if t.state.load(Ordering::Relaxed) != QUEUED {
-                        continue; // its caller is gone
+                        // Its caller is gone. Dropped unlocked: what it
+                        // holds (the last Arc of an engine) may submit.
+                        parking_lot::MutexGuard::unlocked(&mut q, || drop(job));
+                        continue;
                     }
                     t.tid.store(tid, Ordering::Relaxed);
                     t.state.store(RUNNING, Ordering::Relaxed);
@@ -331,6 +330,7 @@ impl Shared {
                     // Lowered in priority for good: this thread ends (the
                     // next call starts one in its place if none is idle).
                     q.stuck -= 1;
+                    metrics::gauge!(STUCK_GAUGE).set(q.stuck as f64);
                     drop(q);
                     tracing::warn!(
                         ran_ms = started.elapsed().as_millis() as u64,
@@ -475,6 +475,66 @@ mod tests {
             }
             assert!(Instant::now() < deadline, "a thread serves again");
         }
+    }
+
+    #[tokio::test]
+    async fn a_skipped_job_may_submit_when_dropped() {
+        // What a job holds can submit work when dropped (an engine's last
+        // Arc drops its idle VMs on a hook thread); a job skipped because
+        // its caller left is dropped outside the queue's lock.
+        struct SubmitsOnDrop(Arc<HookThreads>);
+        impl Drop for SubmitsOnDrop {
+            fn drop(&mut self) {
+                self.0.spawn(|| ());
+            }
+        }
+        let threads = Arc::new(HookThreads::with_bounds(1, 1));
+        let release = Arc::new(AtomicBool::new(false));
+        let r = release.clone();
+        let busy = {
+            let threads = threads.clone();
+            tokio::spawn(async move {
+                threads
+                    .run(Instant::now() + Duration::from_secs(10), move |tx| {
+                        while !r.load(Ordering::Relaxed) {
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                        let _ = tx.send(());
+                    })
+                    .await
+            })
+        };
+        while threads.shared.queue.lock().serving == 0 || threads.shared.queue.lock().idle > 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let held = SubmitsOnDrop(threads.clone());
+        let skipped = threads
+            .run(Instant::now() + Duration::from_millis(20), move |tx| {
+                let _held = held;
+                let _ = tx.send(());
+            })
+            .await;
+        assert_eq!(skipped, Err(NoAnswer::Late));
+        release.store(true, Ordering::Relaxed);
+        assert_eq!(busy.await.unwrap(), Ok(()));
+        // The thread takes the skipped job and the one its drop submitted.
+        loop {
+            let settled = {
+                let q = threads.shared.queue.try_lock_for(Duration::from_secs(5));
+                let q = q.expect("the queue's lock is free (no thread deadlocked on it)");
+                q.jobs.is_empty() && q.idle == 1
+            };
+            if settled {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let answer = threads
+            .run(Instant::now() + Duration::from_secs(10), |tx| {
+                let _ = tx.send(3);
+            })
+            .await;
+        assert_eq!(answer, Ok(3), "the thread is not stuck on the queue's lock");
     }
 
     #[tokio::test]

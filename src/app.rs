@@ -4,10 +4,10 @@
 use crate::accept::AcceptBackoff;
 use crate::admin::{Pooler, ReloadError, ReloadReport};
 use crate::auth::AuthAttempt;
-use crate::config::{settings, Config, ConfigError, OnError};
+use crate::config::{reload_guard, settings, Config, ConfigError, OnError};
 use crate::frontend::deps::{ConfigSnapshot, SessionDeps, ShutdownMode};
 use crate::hooks::builtin::Builtins;
-use crate::hooks::lua::{LoadError, LuaEngine, LuaServices, LuaSettings};
+use crate::hooks::lua::{HookThreads, LoadError, LuaEngine, LuaServices, LuaSettings};
 use crate::hooks::query::QueryPool;
 use crate::hooks::roles::RoleCache;
 use crate::hooks::shared::SharedStore;
@@ -35,6 +35,8 @@ pub struct App {
     /// The Lua hooks last loaded, kept so the built-ins can be put in front
     /// of them again when one comes or goes (MAINTENANCE ON/OFF).
     lua_hooks: LuaHooks,
+    /// Held by a reload: one at a time.
+    reloading: Mutex<()>,
 }
 
 /// The Lua hooks of the running set.
@@ -72,13 +74,14 @@ impl App {
         let h = &config.hooks;
         let enabled = h.enabled && !options.hooks_off;
         let lua_services = Arc::new(LuaServices {
-            shared: SharedStore::new(h.shared_max_keys),
+            shared: SharedStore::new(h.shared_max_keys, h.shared_max_bytes),
             roles: Arc::new(RoleCache::default()),
             query: Arc::new(QueryPool::new(
                 config.hook_query_connection(),
                 h.query.as_ref().map_or(1, |q| q.pool_size),
                 Duration::from_millis(h.query.as_ref().map_or(1000, |q| q.timeout_ms)),
             )),
+            threads: HookThreads::new(),
         });
         let builtins = Builtins::from_config(&config, &lua_services.roles, &lua_services.query)?;
         let source = config.source.clone();
@@ -87,6 +90,7 @@ impl App {
             deps: Arc::new(SessionDeps::new(snapshot, hooks, builtins)),
             lua_services,
             lua_hooks: LuaHooks::default(),
+            reloading: Mutex::new(()),
         });
         let settings = LuaSettings::from_config(&config);
         match app.reload_hooks_with(settings) {
@@ -134,6 +138,12 @@ impl App {
         let blocking = Builtins::blocking(&new, &s.roles, &s.query).map_err(ReloadError::Config)?;
         let engine = LuaEngine::load(LuaSettings::from_config(&new), self.lua_services.clone())
             .map_err(ReloadError::Hooks)?;
+        // Nothing where there was something (an emptied file, a missing
+        // hooks folder) is refused, not applied.
+        let running = old.provides(self.lua_hooks.0.lock().len());
+        let next = snapshot.provides(engine.file_names().len());
+        reload_guard::check(&running, &next, &new)
+            .map_err(|issue| ReloadError::Config(issue.in_file(&new.source)))?;
         // Everything is valid: swap it in.
         let deps = &self.deps;
         deps.replace_snapshot(snapshot.clone());
@@ -205,6 +215,7 @@ fn hold(old: &Config, new: &mut Config, key: &str) -> Option<bool> {
         "hooks.query" => hold!(hooks.query),
         "hooks.roles_refresh_s" => hold!(hooks.roles_refresh_s),
         "hooks.shared_max_keys" => hold!(hooks.shared_max_keys),
+        "hooks.shared_max_bytes" => hold!(hooks.shared_max_bytes),
         "log.format" => hold!(log.format),
         "auth_monitor" => hold!(auth_monitor),
         _ => return None,
@@ -286,20 +297,40 @@ impl App {
         self.deps.shutdown_with(ShutdownMode::WaitForServers);
     }
 
-    /// Reloads and logs the outcome (RELOAD, SIGHUP).
+    /// Reloads and logs the outcome. One reload at a time.
     pub fn reload_and_log(&self) -> Result<ReloadReport, ReloadError> {
+        let _one = self.reloading.lock();
         let result = self.reload();
         if let Err(e) = &result {
             tracing::error!(error = %e, "reload failed; the running configuration and hooks stay");
         }
         result
     }
+
+    /// RELOAD and SIGHUP: [`App::reload_and_log`] on a blocking thread,
+    /// never a runtime worker (it reads files and runs the hook files' top
+    /// level); the running set serves until the new one is swapped in.
+    pub async fn reload_off_workers(self: Arc<Self>) -> Result<ReloadReport, ReloadError> {
+        let source = self.config().source.clone();
+        tokio::task::spawn_blocking(move || self.reload_and_log())
+            .await
+            .unwrap_or_else(|e| {
+                tracing::error!(error = %e, "reload failed; the running configuration and hooks stay");
+                Err(ReloadError::Config(ConfigError {
+                    file: source,
+                    key: "(file)".into(),
+                    message: format!("the reload did not finish: {e}"),
+                }))
+            })
+    }
 }
 
 /// The console's way to what only the whole pooler can do.
 impl Pooler for App {
-    fn reload(&self) -> Result<ReloadReport, ReloadError> {
-        self.reload_and_log()
+    fn reload(
+        self: Arc<Self>,
+    ) -> Pin<Box<dyn Future<Output = Result<ReloadReport, ReloadError>> + Send>> {
+        Box::pin(self.reload_off_workers())
     }
 
     fn set_maintenance<'a>(
@@ -493,6 +524,7 @@ mod tests {
                 "hooks.query",
                 "hooks.roles_refresh_s",
                 "hooks.shared_max_keys",
+                "hooks.shared_max_bytes",
                 "log.format",
                 "auth_monitor",
             ]

@@ -31,7 +31,9 @@ pub fn spawn_signal_handlers(app: Arc<App>) {
             tokio::select! {
                 _ = hup.recv() => {
                     tracing::info!("SIGHUP: reloading the configuration and hooks");
-                    let _ = app.reload_and_log();
+                    // Off the workers, and not awaited here: the other
+                    // signals are still heard meanwhile.
+                    tokio::spawn(app.clone().reload_off_workers());
                 }
                 _ = term.recv() => {
                     if mode.is_some() {

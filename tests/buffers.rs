@@ -5,6 +5,7 @@
 
 mod common;
 
+use common::canary::Canary;
 use common::wire::{message, read_error, read_message, trust_login};
 use common::{sqlstate, PgCluster, Usher};
 use tokio::io::AsyncWriteExt;
@@ -81,6 +82,57 @@ async fn large_messages_of_all_clients_together_are_bounded_by_max_buffered_tota
     // Once it is done with it, the memory is free for others.
     let mut c = trust_login(usher.addr).await;
     c.write_all(&named_parse("s2", 1_900_000)).await.unwrap();
+    c.write_all(&message(b'S', b"")).await.unwrap();
+    assert_eq!(read_message(&mut c).await.0, b'1');
+}
+
+/// Issue 25 item 8: clients that each sent all but the last byte of a
+/// large named Parse and stopped held the shared budget for as long as they
+/// liked (no server connection, no timeout), and others' large Parses got
+/// 53200 meanwhile. A message held against max_buffered_total must now be
+/// finished within client_message_timeout, then FATAL 57P05.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_inside_a_held_message_is_ended() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(
+        pg,
+        "auth:\n  method: trust\npool_mode: transaction\n\
+         max_buffered_total: 41943040\nclient_message_timeout: 5\n",
+    )
+    .await;
+    let canary = Canary::start(usher.addr.port());
+    let parse = named_parse("s1", 15_900_000);
+    let mut holders = Vec::new();
+    for _ in 0..2 {
+        let mut holder = trust_login(usher.addr).await;
+        holder.write_all(&parse[..parse.len() - 1]).await.unwrap();
+        holders.push(holder);
+    }
+    common::wait::eventually_async(
+        common::wait::DEADLINE,
+        "usher holds both messages",
+        || async { usher.app.deps.buffers.used() >= 2 * 15_000_000 },
+    )
+    .await;
+    // While they hold it, another client's large Parse finds no budget.
+    let mut other = trust_login(usher.addr).await;
+    let _ = other.write_all(&parse).await;
+    assert_eq!(read_error(&mut other).await[&'C'], "53200");
+    // They are ended, and what they held is free again.
+    for holder in &mut holders {
+        let e = read_error(holder).await;
+        assert_eq!(e[&'C'], "57P05", "{e:?}");
+        assert!(e[&'M'].contains("did not finish its message"), "{e:?}");
+    }
+    common::wait::eventually_async(common::wait::DEADLINE, "the budget is free", || async {
+        usher.app.deps.buffers.used() == 0
+    })
+    .await;
+    // (Checked before the last Parse: a whole 16 MB named Parse is handled
+    // in one go on a runtime worker, about 600 ms in a debug build.)
+    canary.check();
+    let mut c = trust_login(usher.addr).await;
+    c.write_all(&parse).await.unwrap();
     c.write_all(&message(b'S', b"")).await.unwrap();
     assert_eq!(read_message(&mut c).await.0, b'1');
 }

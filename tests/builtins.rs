@@ -361,6 +361,72 @@ async fn lockout_engages_before_the_password_and_expires() {
     usher.connect_as("bob", BOB_PASSWORD).await.unwrap();
 }
 
+/// Issue 25 item 5: the lockout was checked only at the start of a login.
+/// 40 logins opened together all reached the SCRAM challenge; every wrong
+/// proof was checked, and the right proof on the 40th got in after the lock
+/// had engaged. The lock is asked again when a proof arrives, so the
+/// guesses checked are `max_failures`, not that plus the logins in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lockout_is_asked_again_when_the_proof_arrives() {
+    use common::wire::{message, read_message, sasl_initial, start_sasl};
+    use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
+    use tokio::io::AsyncWriteExt;
+
+    let pg = PgCluster::shared();
+    let usher = Usher::start(
+        pg,
+        "auth_monitor: { lockout: { max_failures: 5, window_s: 60, duration_s: 600, by_address: false } }\n",
+    )
+    .await;
+    let mut attempts = usher.app.auth_attempts();
+    // 40 logins at the challenge; the last one knows the password.
+    let mut logins = Vec::new();
+    for i in 0..40 {
+        let password = if i == 39 { ALICE_PASSWORD } else { "guess" };
+        let mut s = tokio::net::TcpStream::connect(usher.addr).await.unwrap();
+        start_sasl(&mut s, "alice").await;
+        let mut scram = ScramSha256::new(password.as_bytes(), ChannelBinding::unsupported());
+        s.write_all(&sasl_initial(scram.message())).await.unwrap();
+        let (tag, body) = read_message(&mut s).await;
+        assert_eq!(
+            (tag, &body[..4]),
+            (b'R', &11u32.to_be_bytes()[..]),
+            "SASLContinue"
+        );
+        scram.update(&body[4..]).unwrap();
+        logins.push((s, scram));
+    }
+    // The proofs, one after the other.
+    let mut answers = Vec::new();
+    for (s, scram) in &mut logins {
+        s.write_all(&message(b'p', scram.message())).await.unwrap();
+        let (tag, body) = read_message(s).await;
+        let code = match tag {
+            b'E' => common::wire::error_fields(
+                &[&[tag][..], &((body.len() + 4) as u32).to_be_bytes(), &body].concat(),
+            )
+            .unwrap()[&'C']
+                .clone(),
+            b'R' => "in".to_string(),
+            other => panic!("unexpected message {:?}", other as char),
+        };
+        answers.push(code);
+    }
+    let checked = answers.iter().filter(|c| *c == "28P01").count();
+    assert_eq!(checked, 5, "wrong proofs checked: {answers:?}");
+    assert_eq!(
+        answers[5..],
+        vec!["28000".to_string(); 35][..],
+        "{answers:?}"
+    );
+    for _ in 0..5 {
+        expect_outcome(&mut attempts, "alice", AuthOutcome::WrongPassword).await;
+    }
+    for _ in 5..40 {
+        expect_outcome(&mut attempts, "alice", AuthOutcome::Locked).await;
+    }
+}
+
 /// The console database is no way around the lockout: guesses there count,
 /// a locked user is refused there before the password is looked at, and a
 /// non-admin learns no more from it than from any other database.

@@ -5,8 +5,9 @@
 //! the (only) server connection finds a clean session.
 //!
 //! The cut test samples offsets (every one for short streams, a seeded
-//! random sample for long ones); `USHER_CUTS=<n>` samples n per scenario
-//! and `USHER_CUT_SEED` replays a seed (scripts/cuts.sh runs it longer).
+//! random sample for long ones): `USHER_CUTS=<n>` samples n per scenario,
+//! `USHER_CUT_SEED` replays a seed and `USHER_CUT_CONFIGS` picks the
+//! modes and worker counts (scripts/cuts.sh runs it longer).
 
 mod common;
 
@@ -335,6 +336,19 @@ fn seed() -> u64 {
         })
 }
 
+/// The pool modes and worker counts to cut in: `USHER_CUT_CONFIGS`
+/// (`transaction:1,session:2,...`), by default one of each mode.
+fn configs() -> Vec<(String, usize)> {
+    let spec = std::env::var("USHER_CUT_CONFIGS")
+        .unwrap_or_else(|_| "transaction:1,session:2".to_string());
+    spec.split(',')
+        .map(|c| {
+            let (mode, workers) = c.split_once(':').expect("mode:workers");
+            (mode.to_string(), workers.parse().expect("a worker count"))
+        })
+        .collect()
+}
+
 /// Offsets to cut at: every one up to `len` when there are few, else a
 /// sample that always holds the first, the last and each boundary ±1.
 fn offsets(len: usize, boundaries: &[usize], rng: &mut impl Rng) -> Vec<usize> {
@@ -461,13 +475,8 @@ async fn a_client_cut_at_any_byte_leaves_nothing_behind() {
     let seed = seed();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let run = rand::random::<u32>();
-    for (mode, workers) in [
-        ("transaction", 1),
-        ("session", 2),
-        ("session", 1),
-        ("transaction", 2),
-    ] {
-        let usher = usher(pg, mode, workers, "");
+    for (mode, workers) in configs() {
+        let usher = usher(pg, &mode, workers, "");
         let canary = Canary::start(usher.port);
         for (n, pipeline) in pipelines(&format!("cut{run}-{mode}{workers}"))
             .into_iter()

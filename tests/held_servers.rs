@@ -1,13 +1,15 @@
 //! A server connection is a pool's scarcest thing: a client may not keep
 //! one without a request in flight (idle_transaction_timeout covers every
-//! such state), and one that leaves mid-query has its query cancelled, so
-//! pool_size bounds PostgreSQL backends.
+//! such state), one that leaves mid-query has its query cancelled, so
+//! pool_size bounds PostgreSQL backends, and one that leaves while it
+//! waits for a server is not waited for.
 
 mod common;
 
+use common::canary::Canary;
 use common::console::{console, get, row};
 use common::wait::{eventually_async, wait_for_async};
-use common::wire::{message, read_error, trust_login};
+use common::wire::{message, read_error, read_message, trust_login};
 use common::{PgCluster, Usher};
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
@@ -75,6 +77,164 @@ async fn a_client_holding_a_server_without_a_request_is_timed_out() {
         let e = read_error(&mut holder).await;
         assert_eq!(e[&'C'], "25P03", "{what}: {e:?}");
     }
+}
+
+/// Issue 25 item 9: after BEGIN, a Query sent one byte every 300 ms held
+/// the server connection for as long as the trickle lasted, since every
+/// byte restarted idle_transaction_timeout. PostgreSQL ends the same
+/// trickle at idle_in_transaction_session_timeout (bytes of an unfinished
+/// message do not reset it); so does usher now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_byte_trickle_does_not_hold_off_idle_transaction_timeout() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(
+        pg,
+        "auth:\n  method: trust\npool_mode: transaction\npool_size: 1\n\
+         idle_transaction_timeout: 1\n",
+    )
+    .await;
+    let canary = Canary::start(usher.addr.port());
+    let mut holder = trust_login(usher.addr).await;
+    holder.write_all(&message(b'Q', b"BEGIN\0")).await.unwrap();
+    loop {
+        let (tag, body) = read_message(&mut holder).await;
+        if tag == b'Z' {
+            assert_eq!(body, b"T", "in a transaction");
+            break;
+        }
+    }
+    // 60 bytes at one every 300 ms: 18 s of trickle against a 1 s timeout.
+    let query = message(
+        b'Q',
+        format!("SELECT 1 /* {} */\0", "-".repeat(40)).as_bytes(),
+    );
+    let (mut from_usher, mut to_usher) = holder.into_split();
+    let trickle = tokio::spawn(async move {
+        for byte in query {
+            if to_usher.write_all(&[byte]).await.is_err() {
+                return false;
+            }
+            // The point of the test: time passes between the bytes.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        true
+    });
+    let e = read_error(&mut from_usher).await;
+    assert_eq!(e[&'C'], "25P03", "{e:?}");
+    trickle.abort();
+    // The server connection is free for the next client.
+    usher.alice().await.simple_query("SELECT 1").await.unwrap();
+    canary.check();
+}
+
+/// Clients of alice waiting for a server connection (SHOW POOLS).
+async fn waiting(usher: &Usher) -> String {
+    let pools = console(usher, "SHOW POOLS").await;
+    get(row(&pools, "user", "alice"), "cl_waiting")
+        .unwrap_or("0")
+        .to_string()
+}
+
+/// Issue 25 item 11: a client that left while it waited for a server still
+/// counted as waiting until query_wait_timeout, and its query ran once a
+/// server came free. Now its socket is watched while it waits: gone (a
+/// close, or a Terminate), it stops waiting and its query never runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_while_waiting_is_not_waited_for() {
+    let pg = PgCluster::shared();
+    pg.psql_super_db(
+        "app",
+        "CREATE TABLE IF NOT EXISTS left_waiting (how text); GRANT ALL ON left_waiting TO alice",
+    );
+    let usher = Usher::start(
+        pg,
+        "auth:\n  method: trust\npool_mode: transaction\npool_size: 1\nquery_wait_timeout: 120\n",
+    )
+    .await;
+    let canary = Canary::start(usher.addr.port());
+    let holder = usher.alice().await;
+    holder
+        .batch_execute("DELETE FROM left_waiting")
+        .await
+        .unwrap();
+    for how in ["close", "terminate"] {
+        holder.batch_execute("BEGIN; SELECT 1").await.unwrap();
+        let mut waiter = trust_login(usher.addr).await;
+        let insert = format!("INSERT INTO left_waiting VALUES ('{how}')\0");
+        waiter
+            .write_all(&message(b'Q', insert.as_bytes()))
+            .await
+            .unwrap();
+        wait_for_async(Duration::from_secs(10), "the waiter waits", || async {
+            match waiting(&usher).await.as_str() {
+                "1" => Ok(()),
+                other => Err(other.to_string()),
+            }
+        })
+        .await;
+        if how == "terminate" {
+            waiter.write_all(&message(b'X', b"")).await.unwrap();
+        }
+        drop(waiter);
+        // It stops waiting at once (before: until query_wait_timeout).
+        wait_for_async(
+            Duration::from_secs(10),
+            &format!("{how}: nobody waits"),
+            || async {
+                match waiting(&usher).await.as_str() {
+                    "0" => Ok(()),
+                    other => Err(other.to_string()),
+                }
+            },
+        )
+        .await;
+        holder.batch_execute("COMMIT").await.unwrap();
+        // The next transaction takes the one server connection: a query
+        // still queued would have run by now.
+        let rows = holder
+            .query_one("SELECT count(*) FROM left_waiting", &[])
+            .await
+            .unwrap();
+        assert_eq!(
+            rows.get::<_, i64>(0),
+            0,
+            "{how}: the query of a client that left ran"
+        );
+        let clients = console(&usher, "SHOW CLIENTS").await;
+        let alices = clients.iter().filter(|c| get(c, "user") == Some("alice"));
+        assert_eq!(
+            alices.count(),
+            1,
+            "{how}: only the holder is left: {clients:?}"
+        );
+    }
+    // A waiter that sends more while it waits is still there: served once
+    // the server comes free, both queries answered.
+    holder.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    let mut waiter = trust_login(usher.addr).await;
+    waiter
+        .write_all(&message(b'Q', b"SELECT 1\0"))
+        .await
+        .unwrap();
+    wait_for_async(Duration::from_secs(10), "the waiter waits", || async {
+        match waiting(&usher).await.as_str() {
+            "1" => Ok(()),
+            other => Err(other.to_string()),
+        }
+    })
+    .await;
+    waiter
+        .write_all(&message(b'Q', b"SELECT 2\0"))
+        .await
+        .unwrap();
+    holder.batch_execute("COMMIT").await.unwrap();
+    let mut ready = 0;
+    while ready < 2 {
+        let (tag, _) = read_message(&mut waiter).await;
+        assert_ne!(tag, b'E');
+        ready += usize::from(tag == b'Z');
+    }
+    canary.check();
 }
 
 /// Backends of alice in `app` running the marked sleep, and all of alice's.

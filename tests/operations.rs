@@ -337,6 +337,120 @@ async fn sighup_reloads_the_configuration_file() {
     .await;
 }
 
+/// Issue 25 item 7: an emptied configuration file was accepted by SIGHUP
+/// (afterwards every login got 28P01 and the console was gone), and a
+/// `hooks.dir` naming a missing folder reloaded with no hooks at all, a
+/// rejecting one too. Such reloads are refused with an ERROR that says
+/// why, and the running set stays; `hooks.allow_empty: true` says "no
+/// hook files" on purpose.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_would_leave_nothing_is_refused() {
+    let pg = PgCluster::shared();
+    let hooks = tempfile::tempdir().unwrap();
+    std::fs::write(
+        hooks.path().join("no-bob.lua"),
+        "function client_connection(ctx)\n  if ctx.user == 'bob' then ctx:reject('bob may not connect') end\nend\n",
+    )
+    .unwrap();
+    let usher = UsherProcess::builder(pg)
+        .extra(&format!("hooks:\n  dir: {}\n", hooks.path().display()))
+        .start();
+    let running = std::fs::read_to_string(&usher.config_path).unwrap();
+    let bob = format!(
+        "host=127.0.0.1 port={} user=bob password={} dbname=app",
+        usher.port,
+        common::BOB_PASSWORD
+    );
+    let bob_refused = || async {
+        let e = tokio_postgres::connect(&bob, tokio_postgres::NoTls)
+            .await
+            .err()
+            .expect("the hook refuses bob");
+        assert_eq!(sqlstate(&e).as_deref(), Some("28000"), "{e:?}");
+    };
+    bob_refused().await;
+    // Each reload below is refused: its ERROR line is the sign it ran.
+    let mut refusals = 0;
+    let mut reload_refused = |yaml: &str, why: &str| {
+        std::fs::write(&usher.config_path, yaml).unwrap();
+        usher.signal(libc::SIGHUP);
+        refusals += 1;
+        common::wait::eventually(common::wait::DEADLINE, "the reload is refused", || {
+            usher.log().matches("reload failed").count() == refusals
+        });
+        let log = usher.log();
+        let line = log.lines().rfind(|l| l.contains("reload failed")).unwrap();
+        assert!(line.contains("ERROR") && line.contains(why), "{line}");
+    };
+
+    reload_refused("", "holds no configuration");
+    reload_refused("# all gone\n", "holds no configuration");
+    let missing = hooks.path().join("gone");
+    reload_refused(
+        &running.replace(
+            &hooks.path().display().to_string(),
+            &missing.display().to_string(),
+        ),
+        "does not exist",
+    );
+    let databases = format!(
+        "databases:\n  app:\n    host: 127.0.0.1\n    port: {}\n",
+        pg.port
+    );
+    assert!(running.contains(&databases));
+    reload_refused(&running.replace(&databases, ""), "lists no database");
+
+    // The running set stayed: alice gets in, the console answers, the hook
+    // still refuses bob.
+    let (alice, _driver) = usher.alice().await;
+    alice.simple_query("SELECT 1").await.unwrap();
+    let config = common::console::console_at(usher.port, "SHOW CONFIG")
+        .await
+        .unwrap();
+    assert!(!config.is_empty());
+    bob_refused().await;
+
+    // Said on purpose, no hook files is a reload like any other.
+    std::fs::write(
+        &usher.config_path,
+        running.replace(
+            &format!("dir: {}\n", hooks.path().display()),
+            &format!("dir: {}\n  allow_empty: true\n", missing.display()),
+        ),
+    )
+    .unwrap();
+    usher.signal(libc::SIGHUP);
+    wait_for_async(
+        common::wait::DEADLINE,
+        "bob gets in without the hook",
+        || async {
+            tokio_postgres::connect(&bob, tokio_postgres::NoTls)
+                .await
+                .map(|_| ())
+        },
+    )
+    .await;
+    assert_eq!(usher.log().matches("reload failed").count(), refusals);
+
+    // `usher check` and a start refuse an empty file too.
+    let empty = hooks.path().join("empty.yaml");
+    std::fs::write(&empty, "\n").unwrap();
+    for command in [&["check"][..], &[]] {
+        let out = usher_cli()
+            .args(command)
+            .arg("--config")
+            .arg(&empty)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{command:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("empty.yaml") && err.contains("holds no configuration"),
+            "{err}"
+        );
+    }
+}
+
 /// The configuration the quickstart runs (and the README shows) stays
 /// valid, with the repository's example hooks.
 #[test]

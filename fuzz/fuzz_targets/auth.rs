@@ -48,7 +48,7 @@ fuzz_target!(|data: &[u8]| {
         mock_key: b"mock",
     };
     let mut stream = Duplex::new(input.rest());
-    match block_on(authenticate(&mut stream, &challenge)) {
+    match block_on(authenticate(&mut stream, &challenge, || None)) {
         // The only password the fuzzer can know: "pw", sent in cleartext.
         Ok(_) => assert!(
             method == AuthMethod::Password && (how / 3) % 4 == 0,

@@ -34,8 +34,11 @@ pub use crate::config::{is_admin_database, ADMIN_DATABASE};
 /// state sessions share: it owns the configuration file and the hook files.
 pub trait Pooler: Send + Sync {
     /// RELOAD: the configuration file and the hook files, all or nothing
-    /// (logged either way).
-    fn reload(&self) -> Result<ReloadReport, ReloadError>;
+    /// (logged either way). Prepared off the runtime's workers; the
+    /// running set serves until the new one is ready.
+    fn reload(
+        self: Arc<Self>,
+    ) -> Pin<Box<dyn Future<Output = Result<ReloadReport, ReloadError>> + Send>>;
 
     /// MAINTENANCE ON role / MAINTENANCE OFF (`None`): whether it changed.
     fn set_maintenance<'a>(
@@ -105,7 +108,10 @@ impl Console {
         } else {
             return Err(PgError::fatal(
                 sqlstate::INSUFFICIENT_PRIVILEGE,
-                format!("user \"{user}\" may not use the admin console"),
+                format!(
+                    "user \"{}\" may not use the admin console",
+                    crate::protocol::error::shown_name(user)
+                ),
             )
             .with_hint("list the user under admin.users or admin.stats_users"));
         };
@@ -230,7 +236,7 @@ impl Console {
                 self.deps.hooks.set_enabled(false);
                 Ok(Reply::Command("DISABLE HOOKS".into()))
             }
-            Command::Reload => self.reload(),
+            Command::Reload => self.reload().await,
             Command::Pause(db) => {
                 operations::pause(&self.deps, db.as_deref()).await?;
                 Ok(Reply::Command("PAUSE".into()))
@@ -286,8 +292,8 @@ impl Console {
     }
 
     /// RELOAD: the configuration file and the hook files, all or nothing.
-    fn reload(&self) -> Result<Reply, PgError> {
-        match self.pooler.reload() {
+    async fn reload(&self) -> Result<Reply, PgError> {
+        match self.pooler.clone().reload().await {
             Ok(report) if report.restart_needed.is_empty() => Ok(Reply::Command("RELOAD".into())),
             Ok(report) => {
                 // Applied, but some changes wait for a restart: say which.

@@ -449,6 +449,7 @@ fn shown_value(c: &Config, hooks_enabled: bool, key: &str) -> Option<String> {
         "autodb_idle_timeout" => c.autodb_idle_timeout.to_string(),
         "auth_timeout" => c.auth_timeout.to_string(),
         "shutdown_timeout" => c.shutdown_timeout.to_string(),
+        "client_message_timeout" => c.client_message_timeout.to_string(),
         "max_message_size" => c.max_message_size.to_string(),
         "max_buffered_message" => c.max_buffered_message.to_string(),
         "max_buffered_total" => c.max_buffered_total.to_string(),
@@ -545,6 +546,7 @@ mod tests {
                 "max_message_size|268435456|268435456|yes",
                 "max_buffered_message|16777216|16777216|yes",
                 "max_buffered_total|536870912|536870912|yes",
+                "client_message_timeout|60|60|yes",
                 "prepared_statements|200|200|yes",
                 "auth.method|scram-sha-256|scram-sha-256|yes",
                 "hooks.enabled|true|true|yes",
@@ -564,7 +566,8 @@ mod tests {
              server_idle_timeout: 5\nserver_lifetime: 6\nserver_check_delay: 0\n\
              autodb_idle_timeout: 7\n\
              auth_timeout: 8\nshutdown_timeout: 9\nmax_message_size: 2048\n\
-             max_buffered_message: 1024\nmax_buffered_total: 4096\nprepared_statements: 0\n\
+             max_buffered_message: 1024\nmax_buffered_total: 4096\nclient_message_timeout: 10\n\
+             prepared_statements: 0\n\
              auth: { method: md5 }\nhooks: { enabled: false, dir: h, timeout_ms: 5, memory_limit_mb: 8 }\n\
              log: { level: debug, connections: false, disconnections: false }\n",
             "t.yaml",
@@ -601,6 +604,7 @@ mod tests {
                 "2048",
                 "1024",
                 "4096",
+                "10",
                 "0",
                 "md5",
                 "false",

@@ -58,6 +58,12 @@ impl Credentials {
         })
     }
 
+    /// Whether any user can be found: one listed in the config, in the auth
+    /// file, or an auth query to ask.
+    pub fn any(&self) -> bool {
+        !self.listed.is_empty() || !self.file.is_empty() || self.query.is_some()
+    }
+
     /// Finds `user` for a client of `database`. Fails only when the auth
     /// query had to run and could not.
     pub async fn lookup(&self, database: &str, user: &str) -> Result<UserLookup, PgError> {

@@ -23,7 +23,7 @@ pub use credentials::{Credentials, UserLookup};
 pub use secret::Secret;
 
 use crate::config::AuthMethod;
-use crate::protocol::error::sqlstate;
+use crate::protocol::error::{shown_name, sqlstate};
 use crate::protocol::messages::{self, MAX_LOGIN_MESSAGE};
 use crate::protocol::scram::{ScramError, ScramServer, ScramVerifier};
 use crate::protocol::tags::frontend;
@@ -93,19 +93,29 @@ fn password_failed(user: &str, outcome: AuthOutcome) -> AuthFailure {
         outcome,
         PgError::fatal(
             sqlstate::INVALID_PASSWORD,
-            format!("password authentication failed for user \"{user}\""),
+            format!(
+                "password authentication failed for user \"{}\"",
+                shown_name(user)
+            ),
         ),
     )
 }
 
-/// Runs the challenge's method over `stream`.
+/// Runs the challenge's method over `stream`. `recheck` is asked again
+/// when the client's answer (password, md5 response, SCRAM proof) arrives,
+/// before it is checked: a refusal decided meanwhile (the auth monitor's
+/// lockout, engaged by logins that were already past their start) refuses
+/// it unchecked, as outcome `Locked`. So the guesses checked are at most
+/// the lockout's `max_failures`, not that plus the logins in flight.
 pub async fn authenticate<S>(
     stream: &mut S,
     challenge: &Challenge<'_>,
+    recheck: impl Fn() -> Option<PgError>,
 ) -> Result<Authenticated, AuthFailure>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
+    let recheck = || recheck().map(|e| AuthFailure::new(AuthOutcome::Locked, e));
     let Challenge {
         method,
         user,
@@ -132,6 +142,9 @@ where
             send(stream, &out).await?;
             let given = read_password(stream).await?;
             let given = given.strip_suffix('\0').unwrap_or(&given);
+            if let Some(refused) = recheck() {
+                return Err(refused);
+            }
             match secret {
                 None => Err(unknown()),
                 // One PBKDF2 run both checks the password and yields the
@@ -157,6 +170,9 @@ where
             send(stream, &out).await?;
             let given = read_password(stream).await?;
             let given = given.strip_suffix('\0').unwrap_or(&given);
+            if let Some(refused) = recheck() {
+                return Err(refused);
+            }
             match secret {
                 None => Err(unknown()),
                 Some(s) if s.check_md5_response(user, salt, given) => Ok(Authenticated::default()),
@@ -167,7 +183,7 @@ where
             let verifier = secret.and_then(Secret::scram).cloned();
             let known = verifier.is_some();
             let verifier = verifier.unwrap_or_else(|| ScramVerifier::mock(user, mock_key));
-            match scram_exchange(stream, verifier).await {
+            match scram_exchange(stream, verifier, recheck).await {
                 Ok(client_key) if known => Ok(Authenticated {
                     scram_client_key: Some(client_key),
                     cleartext: None,
@@ -209,7 +225,10 @@ fn check_certificate(
         outcome,
         PgError::fatal(
             sqlstate::INVALID_AUTHORIZATION,
-            format!("certificate authentication failed for user \"{user}\""),
+            format!(
+                "certificate authentication failed for user \"{}\"",
+                shown_name(user)
+            ),
         ),
     ))
 }
@@ -229,6 +248,7 @@ impl From<AuthFailure> for ScramFailure {
 async fn scram_exchange<S>(
     stream: &mut S,
     verifier: ScramVerifier,
+    recheck: impl Fn() -> Option<AuthFailure>,
 ) -> Result<[u8; 32], ScramFailure>
 where
     S: AsyncRead + AsyncWrite + Unpin,
@@ -268,6 +288,9 @@ where
     send(stream, &out).await?;
 
     let body = read_auth_message(stream).await?;
+    if let Some(refused) = recheck() {
+        return Err(refused.into());
+    }
     match server.finish(&body) {
         Ok((server_final, client_key)) => {
             out.clear();

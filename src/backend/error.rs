@@ -5,7 +5,7 @@
 //! does not have to guess.
 
 use crate::config::TargetSessionAttrs;
-use crate::protocol::error::sqlstate;
+use crate::protocol::error::{shown_name, sqlstate};
 use std::fmt;
 use std::io;
 use std::time::Duration;
@@ -216,13 +216,18 @@ impl fmt::Display for ConnectError {
             ConnectError::Refused(e) => f.write_str(&e.message),
             ConnectError::NoSecret { user, asked, .. } => write!(
                 f,
-                "the server asked for {asked} for user \"{user}\", which usher does not have"
+                "the server asked for {asked} for user \"{}\", which usher does not have",
+                shown_name(user)
             ),
             ConnectError::NoSaslMechanism => {
                 f.write_str("server offers no SASL mechanism usher supports")
             }
             ConnectError::ScramPassThrough { user, why } => {
-                write!(f, "SCRAM pass-through for user \"{user}\" failed: {why}")
+                write!(
+                    f,
+                    "SCRAM pass-through for user \"{}\" failed: {why}",
+                    shown_name(user)
+                )
             }
             ConnectError::Protocol(what) => write!(f, "server login: {what}"),
             ConnectError::Encode(e) => e.fmt(f),

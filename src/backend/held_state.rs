@@ -3,11 +3,10 @@
 //! ended such state (UNLISTEN, an advisory unlock, DROP, CLOSE, DEALLOCATE,
 //! DISCARD) the session asks, instead of tracking names from the SQL.
 
-use super::{read_backend_message, server_error, QueryError, ServerConn, WireError};
+use super::{QueryError, ServerConn, WireError};
 use bytes::{BufMut, BytesMut};
 use postgres_protocol::message::backend::Message;
 use postgres_protocol::message::frontend;
-use tokio::io::AsyncWriteExt;
 
 /// One row of booleans, in [`HeldState`]'s order. Outside a transaction
 /// block: no transaction-level advisory lock or cursor is left then.
@@ -47,54 +46,37 @@ impl ServerConn {
     pub async fn held_state(&mut self) -> Result<(HeldState, BytesMut), QueryError> {
         let mut out = BytesMut::new();
         frontend::query(HELD_STATE, &mut out).map_err(|e| QueryError::Encode(e.to_string()))?;
-        self.stream.write_all(&out).await.map_err(WireError::Lost)?;
-        let mut buf = BytesMut::with_capacity(1024);
         let mut state = None;
-        let mut failure = None;
         let mut notifications = BytesMut::new();
-        loop {
-            match read_backend_message(&mut self.stream, &mut buf).await? {
-                Message::ReadyForQuery(_) => break,
-                Message::DataRow(row) => {
-                    let buffer = row.buffer();
-                    let mut values = [false; 5];
-                    let mut fields = fallible_iterator::FallibleIterator::iterator(row.ranges());
-                    for v in values.iter_mut() {
-                        *v = matches!(fields.next(), Some(Ok(Some(r))) if buffer.get(r.start..r.end) == Some(b"t"));
-                    }
-                    state = Some(HeldState {
-                        listening: values[0],
-                        advisory_locks: values[1],
-                        temp_objects: values[2],
-                        hold_cursors: values[3],
-                        sql_prepared: values[4],
-                    });
+        self.exchange(&out, 1, |m| match m {
+            Message::DataRow(row) => {
+                let buffer = row.buffer();
+                let mut values = [false; 5];
+                let mut fields = fallible_iterator::FallibleIterator::iterator(row.ranges());
+                for v in values.iter_mut() {
+                    *v = matches!(fields.next(), Some(Ok(Some(r))) if buffer.get(r.start..r.end) == Some(b"t"));
                 }
-                Message::ErrorResponse(body) => {
-                    failure.get_or_insert_with(|| server_error(body.fields()));
-                }
-                Message::ParameterStatus(body) => {
-                    if let (Ok(name), Ok(value)) = (body.name(), body.value()) {
-                        self.params_mut()
-                            .insert(name.to_string(), value.to_string());
-                    }
-                }
-                Message::NotificationResponse(n) => {
-                    if let (Ok(channel), Ok(payload)) = (n.channel(), n.message()) {
-                        notification(&mut notifications, n.process_id(), channel, payload);
-                    }
-                }
-                _ => {}
+                state = Some(HeldState {
+                    listening: values[0],
+                    advisory_locks: values[1],
+                    temp_objects: values[2],
+                    hold_cursors: values[3],
+                    sql_prepared: values[4],
+                });
             }
-        }
-        self.last_used = std::time::Instant::now();
-        match (failure, state) {
-            (Some(e), _) => Err(QueryError::Server(e)),
-            (None, Some(state)) => Ok((state, notifications)),
-            (None, None) => Err(QueryError::Wire(WireError::Malformed(
+            Message::NotificationResponse(n) => {
+                if let (Ok(channel), Ok(payload)) = (n.channel(), n.message()) {
+                    notification(&mut notifications, n.process_id(), channel, payload);
+                }
+            }
+            _ => {}
+        })
+        .await?;
+        state.map(|state| (state, notifications)).ok_or_else(|| {
+            QueryError::Wire(WireError::Malformed(
                 "the held-state query returned no row".into(),
-            ))),
-        }
+            ))
+        })
     }
 }
 

@@ -18,7 +18,7 @@
 //! (it may have been promoted since). One host and `target: any` is the
 //! path of a single server: no plan, no memory (connect.rs).
 
-use super::{read_backend_message, server_error, QueryError, ServerConn, WireError};
+use super::{QueryError, ServerConn};
 use crate::config::TargetSessionAttrs;
 use bytes::BytesMut;
 use parking_lot::Mutex;
@@ -28,7 +28,6 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::AsyncWriteExt;
 
 /// The first skip after a host failed to connect; doubled by each failure
 /// in a row, up to [`BACKOFF_MAX`].
@@ -226,35 +225,24 @@ impl ServerConn {
     /// parameters, else (a server before 14) `SHOW transaction_read_only`,
     /// as libpq asks.
     pub async fn read_only(&mut self) -> Result<bool, QueryError> {
-        if let Some(ro) = reported_read_only(self.params()) {
+        if let Some(ro) = reported_read_only(self.params().now()) {
             return Ok(ro);
         }
         let mut out = BytesMut::new();
         frontend::query("SHOW transaction_read_only", &mut out)
             .map_err(|e| QueryError::Encode(e.to_string()))?;
-        self.stream.write_all(&out).await.map_err(WireError::Lost)?;
-        let mut buf = BytesMut::with_capacity(256);
-        let (mut value, mut failure) = (None, None);
-        loop {
-            match read_backend_message(&mut self.stream, &mut buf).await? {
-                Message::ReadyForQuery(_) => break,
-                Message::DataRow(row) => {
-                    let buffer = row.buffer();
-                    if let Ok(Some(Some(r))) =
-                        fallible_iterator::FallibleIterator::next(&mut row.ranges())
-                    {
-                        value = Some(&buffer[r] == b"on");
-                    }
+        let mut value = None;
+        self.exchange(&out, 1, |m| {
+            if let Message::DataRow(row) = m {
+                let buffer = row.buffer();
+                if let Ok(Some(Some(r))) =
+                    fallible_iterator::FallibleIterator::next(&mut row.ranges())
+                {
+                    value = Some(&buffer[r] == b"on");
                 }
-                Message::ErrorResponse(body) => {
-                    failure.get_or_insert_with(|| server_error(body.fields()));
-                }
-                _ => {}
             }
-        }
-        if let Some(e) = failure {
-            return Err(QueryError::Server(e));
-        }
+        })
+        .await?;
         value.ok_or_else(|| QueryError::Encode("SHOW transaction_read_only returned no row".into()))
     }
 }

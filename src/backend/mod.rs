@@ -10,12 +10,15 @@
 //!   the back-off of those that failed.
 //! - [`error`]: [`ConnectError`] (connect and login), [`QueryError`]
 //!   (usher's own statements); no client-facing text.
+//! - [`params`]: the connection's record of its parameters and the one
+//!   call that brings it in line with what a session wants.
 
 mod connect;
 pub(crate) mod credential;
 pub mod error;
 mod held_state;
 pub mod hosts;
+pub mod params;
 pub(crate) mod server_stream;
 mod session_settings;
 
@@ -24,6 +27,7 @@ pub use credential::{ServerCredential, SharedCredential};
 pub use error::{ConnectError, QueryError, ServerError, TlsStep, WireError};
 pub use held_state::HeldState;
 pub use hosts::{HostHealth, ServerHosts};
+pub use params::{ParamsFingerprint, Restore, ServerParams, Setting, Wanted};
 pub use server_stream::ServerStream;
 
 use crate::protocol::tags::field;
@@ -44,21 +48,6 @@ static NEXT_SERVER_ID: AtomicU64 = AtomicU64::new(1);
 /// Ids of usher's named statements a server connection holds, least
 /// recently used first.
 pub type PreparedSet = lru::LruCache<u64, ()>;
-
-/// What a server connection's parameters were brought in line with: a
-/// digest of a session's wanted parameters and its pool's defaults
-/// (frontend::params computes it), so sessions that want the same share
-/// it. A collision-resistant digest: equal means equal.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ParamsFingerprint(pub [u8; 16]);
-
-/// One session setting to apply to a server connection.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Setting {
-    pub name: String,
-    /// `None`: back to the server default (RESET).
-    pub value: Option<String>,
-}
 
 /// Where to send a cancel request for whatever a server connection runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -128,13 +117,8 @@ pub struct ServerConn {
     /// server address start a new one, and older connections are closed
     /// instead of reused.
     generation: u64,
-    /// Parameters as the server last reported them, and the settings
-    /// usher applied of parameters it does not report.
-    params: HashMap<String, String>,
-    /// The session parameters (a fingerprint of them, see
-    /// frontend::params) `params` was last brought in line with; cleared
-    /// whenever `params` changes, so a match means nothing needs setting.
-    in_line_with: Option<ParamsFingerprint>,
+    /// Its parameters: as at login, as now, and what they are in line with.
+    params: ServerParams,
     created: Instant,
     last_used: Instant,
     /// Ids of usher's named statements prepared here, least recently used
@@ -166,8 +150,7 @@ impl ServerConn {
             id,
             summary,
             generation: 0,
-            params,
-            in_line_with: None,
+            params: ServerParams::new(params),
             created: now,
             last_used: now,
             prepared: lru::LruCache::unbounded(),
@@ -209,47 +192,6 @@ impl ServerConn {
     /// It was used at `now` (checked in then).
     pub fn touch(&mut self, now: Instant) {
         self.last_used = now;
-    }
-
-    /// Parameters as the server reported them (and usher's settings of
-    /// unreported ones).
-    pub fn params(&self) -> &HashMap<String, String> {
-        &self.params
-    }
-
-    /// The parameters, to change: whatever they were in line with is
-    /// forgotten.
-    fn params_mut(&mut self) -> &mut HashMap<String, String> {
-        self.in_line_with = None;
-        &mut self.params
-    }
-
-    /// A ParameterStatus from the server, or a setting usher applied.
-    pub fn set_param(&mut self, name: String, value: String) {
-        self.params_mut().insert(name, value);
-    }
-
-    /// Keeps only the parameters `keep` says yes to.
-    pub fn retain_params(&mut self, keep: impl FnMut(&String, &mut String) -> bool) {
-        self.params_mut().retain(keep);
-    }
-
-    /// DISCARD ALL ran: the settings of parameters the server does not
-    /// report (those not in `reported`) are back to their defaults.
-    pub fn forget_unreported(&mut self, reported: &HashMap<String, String>) {
-        self.params_mut().retain(|k, _| reported.contains_key(k));
-    }
-
-    /// The session parameters `params` is in line with, if it has not
-    /// changed since it was found to be.
-    pub fn in_line_with(&self) -> Option<&ParamsFingerprint> {
-        self.in_line_with.as_ref()
-    }
-
-    /// `params` is in line with the session parameters `fingerprint`
-    /// stands for (until it next changes).
-    pub fn mark_in_line(&mut self, fingerprint: ParamsFingerprint) {
-        self.in_line_with = Some(fingerprint);
     }
 
     /// usher's statements prepared here.
@@ -301,44 +243,27 @@ impl ServerConn {
     pub async fn simple_query(&mut self, sql: &str) -> Result<(), QueryError> {
         let mut out = BytesMut::new();
         frontend::query(sql, &mut out).map_err(|e| QueryError::Encode(e.to_string()))?;
-        self.stream.write_all(&out).await.map_err(WireError::Lost)?;
-        self.read_until_ready(1, None).await
+        self.exchange(&out, 1, |_| {}).await
     }
 
     /// Applies session settings, then runs `then_sql` (usher's own
-    /// statements, or nothing), in one round trip.
+    /// statements, or nothing), in one round trip
+    /// ([`ServerConn::bring_in_line`] decides which).
     ///
     /// Settings go through `set_config()` with the names and values bound
     /// as parameters, so no value is ever read as SQL, whatever this
     /// connection's `standard_conforming_strings` or encoding, and a value
     /// means what it means in a startup packet (`a,b` is a list for
-    /// `search_path`). A `None` value restores the server default (RESET).
-    /// The first server error is returned once the server is ready again.
-    pub async fn apply_settings(
-        &mut self,
-        settings: &[Setting],
-        then_sql: &str,
-    ) -> Result<(), QueryError> {
-        self.apply(settings, then_sql, None).await
-    }
-
-    /// [`ServerConn::apply_settings`] of a client's startup parameters at
-    /// its login: the notices the server raises (e.g. 42622, a name
-    /// truncated) are appended to `notices` as NoticeResponse messages, to
-    /// be passed on to the client as PostgreSQL would send them.
-    pub async fn apply_startup_settings(
-        &mut self,
-        settings: &[Setting],
-        notices: &mut BytesMut,
-    ) -> Result<(), QueryError> {
-        self.apply(settings, "", Some(notices)).await
-    }
-
+    /// `search_path`). A `None` value restores the connection's base
+    /// (RESET); calls run in order. The notices the server raises (e.g.
+    /// 42622, a name truncated) are appended to `notices` as
+    /// NoticeResponse messages, if given. The first server error is
+    /// returned once the server is ready again.
     async fn apply(
         &mut self,
         settings: &[Setting],
         then_sql: &str,
-        notices: Option<&mut BytesMut>,
+        mut notices: Option<&mut BytesMut>,
     ) -> Result<(), QueryError> {
         let internal = |e: &dyn std::fmt::Display| QueryError::Encode(e.to_string());
         let mut out = BytesMut::new();
@@ -388,46 +313,48 @@ impl ServerConn {
         if replies == 0 {
             return Ok(());
         }
-        self.stream.write_all(&out).await.map_err(WireError::Lost)?;
-        self.read_until_ready(replies, notices).await
+        self.exchange(&out, replies, |m| {
+            if let (Message::NoticeResponse(body), Some(out)) = (m, notices.as_deref_mut()) {
+                encode_notice(body.fields(), out);
+            }
+        })
+        .await
     }
 
-    /// Reads the answers to `replies` requests (each ends at a
-    /// ReadyForQuery), noting ParameterStatus (and keeping NoticeResponses
-    /// in `notices`, if given); the first error is returned.
-    async fn read_until_ready(
+    /// The one reply loop of usher's own statements: writes `request`, then
+    /// reads the answers to `replies` requests (each ends at a
+    /// ReadyForQuery). ParameterStatus messages update the parameters'
+    /// record; the first ErrorResponse is returned once the server is
+    /// ready again; every other message (rows, notices, notifications) is
+    /// handed to `visit`.
+    pub(crate) async fn exchange(
         &mut self,
+        request: &[u8],
         mut replies: usize,
-        mut notices: Option<&mut BytesMut>,
+        mut visit: impl FnMut(Message),
     ) -> Result<(), QueryError> {
+        self.stream
+            .write_all(request)
+            .await
+            .map_err(WireError::Lost)?;
         let mut buf = BytesMut::with_capacity(1024);
         let mut failure = None;
         while replies > 0 {
-            match self.read_message(&mut buf).await? {
+            match read_backend_message(&mut self.stream, &mut buf).await? {
                 Message::ReadyForQuery(_) => replies -= 1,
                 Message::ErrorResponse(body) => {
                     failure.get_or_insert_with(|| server_error(body.fields()));
                 }
                 Message::ParameterStatus(body) => {
                     if let (Ok(name), Ok(value)) = (body.name(), body.value()) {
-                        self.params_mut()
-                            .insert(name.to_string(), value.to_string());
+                        self.params.reported(name, value);
                     }
                 }
-                Message::NoticeResponse(body) => {
-                    if let Some(out) = notices.as_deref_mut() {
-                        encode_notice(body.fields(), out);
-                    }
-                }
-                _ => {}
+                other => visit(other),
             }
         }
         self.last_used = Instant::now();
         failure.map_or(Ok(()), |e| Err(QueryError::Server(e)))
-    }
-
-    async fn read_message(&mut self, buf: &mut BytesMut) -> Result<Message, WireError> {
-        read_backend_message(&mut self.stream, buf).await
     }
 }
 

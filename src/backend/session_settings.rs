@@ -3,12 +3,11 @@
 //! server instead of parsing the SQL (SET, RESET, SET ROLE, set_config()
 //! and rolled-back transactions all come out right).
 
-use super::{read_backend_message, server_error, QueryError, ServerConn, WireError};
+use super::{QueryError, ServerConn};
 use bytes::BytesMut;
 use fallible_iterator::FallibleIterator;
 use postgres_protocol::message::backend::Message;
 use postgres_protocol::message::frontend;
-use tokio::io::AsyncWriteExt;
 
 /// Every setting changed at session level (SET, set_config), with the
 /// value SHOW gives; `role` and `session_authorization`, which pg_settings
@@ -24,7 +23,8 @@ impl ServerConn {
     /// defaults, as (name, value), in one round trip; custom settings
     /// (`myapp.tenant`), which the server does not list, are asked for by
     /// name (`custom`: names of letters, digits, `_`, `$` and `.` only).
-    /// ParameterStatus messages on the way update [`ServerConn::params`].
+    /// The connection's record of its unreported settings becomes what
+    /// was read; ParameterStatus messages on the way update the reported.
     pub async fn session_settings(
         &mut self,
         custom: &[String],
@@ -45,38 +45,23 @@ impl ServerConn {
         }
         let mut out = BytesMut::new();
         frontend::query(&sql, &mut out).map_err(|e| QueryError::Encode(e.to_string()))?;
-        self.stream.write_all(&out).await.map_err(WireError::Lost)?;
-        let mut buf = BytesMut::with_capacity(1024);
         let mut rows = Vec::new();
-        let mut failure = None;
-        loop {
-            match read_backend_message(&mut self.stream, &mut buf).await? {
-                Message::ReadyForQuery(_) => break,
-                Message::DataRow(row) => {
-                    let mut fields = row.ranges();
-                    let buffer = row.buffer();
-                    let text = |r: Option<std::ops::Range<usize>>| {
-                        r.map(|r| String::from_utf8_lossy(&buffer[r]).into_owned())
-                    };
-                    if let (Ok(Some(name)), Ok(Some(value))) = (fields.next(), fields.next()) {
-                        if let (Some(name), Some(value)) = (text(name), text(value)) {
-                            rows.push((name, value));
-                        }
+        self.exchange(&out, 1, |m| {
+            if let Message::DataRow(row) = m {
+                let mut fields = row.ranges();
+                let buffer = row.buffer();
+                let text = |r: Option<std::ops::Range<usize>>| {
+                    r.map(|r| String::from_utf8_lossy(&buffer[r]).into_owned())
+                };
+                if let (Ok(Some(name)), Ok(Some(value))) = (fields.next(), fields.next()) {
+                    if let (Some(name), Some(value)) = (text(name), text(value)) {
+                        rows.push((name, value));
                     }
                 }
-                Message::ErrorResponse(body) => {
-                    failure.get_or_insert_with(|| server_error(body.fields()));
-                }
-                Message::ParameterStatus(body) => {
-                    if let (Ok(name), Ok(value)) = (body.name(), body.value()) {
-                        self.params_mut()
-                            .insert(name.to_string(), value.to_string());
-                    }
-                }
-                _ => {}
             }
-        }
-        self.last_used = std::time::Instant::now();
-        failure.map_or(Ok(rows), |e| Err(QueryError::Server(e)))
+        })
+        .await?;
+        self.params.read_back(&rows);
+        Ok(rows)
     }
 }

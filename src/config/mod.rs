@@ -7,6 +7,7 @@
 
 pub mod builtins;
 pub mod peering;
+pub mod reload_guard;
 pub mod security;
 mod servers;
 pub mod settings;
@@ -202,6 +203,11 @@ pub struct Config {
     /// end the session with 54000. Other messages stream through.
     #[serde(default = "defaults::max_buffered_message")]
     pub max_buffered_message: usize,
+    /// Seconds a client may take to finish a message usher holds beyond
+    /// the first 64 KiB of its read buffer (charged to
+    /// `max_buffered_total`); then FATAL 57P05.
+    #[serde(default = "defaults::client_message_timeout")]
+    pub client_message_timeout: f64,
     /// Bytes all clients together may make usher hold in read buffers
     /// beyond their first 64 KiB each; a client that would pass it ends
     /// with 53200.
@@ -280,6 +286,10 @@ pub struct HooksConfig {
     /// Folder of Lua hook files, relative to the working directory.
     #[serde(default = "defaults::hooks_dir")]
     pub dir: std::path::PathBuf,
+    /// A reload may leave no hook file (the folder missing or empty) where
+    /// some are loaded; otherwise such a reload is refused.
+    #[serde(default = "defaults::hooks_allow_empty")]
+    pub allow_empty: bool,
     /// Time budget of one hook call, in milliseconds.
     #[serde(default = "defaults::hooks_timeout_ms")]
     pub timeout_ms: u64,
@@ -299,6 +309,12 @@ pub struct HooksConfig {
     /// Keys `usher.shared` keeps at most.
     #[serde(default = "defaults::shared_max_keys")]
     pub shared_max_keys: usize,
+    /// Bytes (keys and values) `usher.shared` keeps at most.
+    #[serde(default = "defaults::shared_max_bytes")]
+    pub shared_max_bytes: usize,
+    /// Bytes (keys and values) a client's `ctx.vars` may hold.
+    #[serde(default = "defaults::vars_max_bytes")]
+    pub vars_max_bytes: usize,
 }
 
 impl Default for HooksConfig {
@@ -483,6 +499,7 @@ mod defaults {
         idle_transaction_timeout: f64 = "idle_transaction_timeout";
         server_connect_timeout: f64 = "server_connect_timeout";
         auth_timeout: f64 = "auth_timeout";
+        client_message_timeout: f64 = "client_message_timeout";
         shutdown_timeout: f64 = "shutdown_timeout";
         server_idle_timeout: f64 = "server_idle_timeout";
         server_lifetime: f64 = "server_lifetime";
@@ -513,12 +530,15 @@ mod defaults {
         log_disconnections: bool = "log.disconnections";
         hooks_enabled: bool = "hooks.enabled";
         hooks_dir: std::path::PathBuf = "hooks.dir";
+        hooks_allow_empty: bool = "hooks.allow_empty";
         hooks_timeout_ms: u64 = "hooks.timeout_ms";
         hooks_memory_limit_mb: usize = "hooks.memory_limit_mb";
         hooks_on_error: super::OnError = "hooks.on_error";
         hooks_vms: usize = "hooks.vms";
         roles_refresh_s: f64 = "hooks.roles_refresh_s";
         shared_max_keys: usize = "hooks.shared_max_keys";
+        shared_max_bytes: usize = "hooks.shared_max_bytes";
+        vars_max_bytes: usize = "hooks.vars_max_bytes";
         query_pool_size: usize = "hooks.query.pool_size";
         query_timeout_ms: u64 = "hooks.query.timeout_ms";
     }
@@ -651,8 +671,21 @@ impl Config {
         Config::from_yaml(&text, &file)
     }
 
-    /// Parses and validates YAML text; `file` names it in errors.
+    /// Parses and validates YAML text; `file` names it in errors. A text
+    /// with no YAML in it (empty, or only comments) is an error: every
+    /// key would take its default, and usher would run with no users and no
+    /// databases (a truncated file, a template that rendered nothing).
     pub fn from_yaml(text: &str, file: &str) -> Result<Config, ConfigError> {
+        if matches!(
+            serde_yaml::from_str::<serde_yaml::Value>(text),
+            Ok(serde_yaml::Value::Null)
+        ) {
+            return Err(ConfigError {
+                file: file.to_string(),
+                key: "(file)".into(),
+                message: "the file holds no configuration (it is empty, or only comments)".into(),
+            });
+        }
         let de = serde_yaml::Deserializer::from_str(text);
         let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
             let key = key_of(e.path());
@@ -683,6 +716,7 @@ impl Config {
             ("server_connect_timeout", self.server_connect_timeout),
             ("auth_timeout", self.auth_timeout),
             ("shutdown_timeout", self.shutdown_timeout),
+            ("client_message_timeout", self.client_message_timeout),
         ] {
             if !usable_seconds(v, false) {
                 return Err(err(

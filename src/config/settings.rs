@@ -103,6 +103,7 @@ pub const SETTINGS: &[SettingSpec] = &[
     s("max_message_size", Value("268435456"), NewClients, SHOW),
     s("max_buffered_message", Value("16777216"), NewClients, SHOW),
     s("max_buffered_total", Value("536870912"), Live, SHOW),
+    s("client_message_timeout", Value("60"), Live, SHOW),
     // Whether a client's named statements are rewritten is decided when it
     // connects; the bound per server connection applies at once.
     s("prepared_statements", Value("200"), NewClients, SHOW),
@@ -194,10 +195,12 @@ pub const SETTINGS: &[SettingSpec] = &[
     s("admin.stats_users", Value("[]"), NewClients, HIDE),
     s("hooks.enabled", Value("true"), Live, SHOW),
     s("hooks.dir", Value("hooks"), Live, SHOW),
+    s("hooks.allow_empty", Value("false"), Live, HIDE),
     s("hooks.timeout_ms", Value("100"), Live, SHOW),
     s("hooks.memory_limit_mb", Value("32"), Live, SHOW),
     s("hooks.on_error", Value("reject"), Live, HIDE),
     s("hooks.vms", Value("0"), Live, HIDE),
+    s("hooks.vars_max_bytes", Value("65536"), Live, HIDE),
     s("hooks.query", Text("none"), Restart, HIDE),
     s("hooks.query.database", Text("none"), Restart, HIDE),
     s("hooks.query.user", Text("none"), Restart, HIDE),
@@ -207,6 +210,7 @@ pub const SETTINGS: &[SettingSpec] = &[
     // the start.
     s("hooks.roles_refresh_s", Value("30"), Restart, HIDE),
     s("hooks.shared_max_keys", Value("10000"), Restart, HIDE),
+    s("hooks.shared_max_bytes", Value("4194304"), Restart, HIDE),
     s("log.level", Value("info"), Live, SHOW),
     s("log.format", Value("text"), Restart, HIDE),
     s("log.connections", Value("true"), Live, SHOW),

@@ -199,7 +199,7 @@ fn walk_buffered(left: &mut Abandoned) -> Result<(), &'static str> {
     let walked = left
         .out_walker
         .walk(&left.out_buf, Flow::server_wants_body, |tag, body| {
-            if let (_, Some(Note::Parameter { name, value })) =
+            if let (_, Some(Note::Parameter { name, value, .. })) =
                 flow.server_message(tag, body, conn.prepared_mut(), false)
             {
                 parameters.push((name, value));
@@ -208,7 +208,7 @@ fn walk_buffered(left: &mut Abandoned) -> Result<(), &'static str> {
         })
         .map_err(|_| "bad message from the server")?;
     for (name, value) in parameters {
-        conn.set_param(name, value);
+        conn.note_parameter(&name, &value);
     }
     let _ = left.out_buf.split_to(walked.forward);
     Ok(())

@@ -6,6 +6,8 @@
 //! [`FREE_BYTES`] is charged here against `max_buffered_total`, so a few
 //! clients sending large messages cannot take all of usher's memory: the
 //! one that would pass the total ends with 53200 and the others go on.
+//! A client may not keep a charge by stopping in the middle of its message:
+//! the serve loop ends it after `client_message_timeout` (57P05).
 //! Ordinary traffic never touches the counter.
 
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -21,6 +21,13 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 
+/// A Terminate message: a client that sent it is leaving.
+const TERMINATE: [u8; 5] = [b'X', 0, 0, 0, 4];
+
+/// How often [`ClientStream::closed`] looks at the socket's end-of-stream
+/// flag while bytes the client sent wait unread.
+const CLOSED_RECHECK: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Reads asking for less than this read ahead (a startup packet or login
 /// message fits; a login's messages are far smaller).
 const READ_AHEAD: usize = 2048;
@@ -117,6 +124,41 @@ impl ClientStream {
                 .and_then(crate::auth::cert::common_name)
                 .map(|cn| format!("CN={cn}")),
         })
+    }
+
+    /// Resolves once the client has closed its end of the connection (or
+    /// its socket failed), without taking any byte it sent: for a client
+    /// that waits for a server, whose next message must stay unread. A
+    /// Terminate waiting on a plain connection counts as closed; other
+    /// bytes waiting leave only the socket's end-of-stream flag to tell,
+    /// looked at every [`CLOSED_RECHECK`].
+    pub async fn closed(&self) {
+        let (tcp, plain) = match &self.io {
+            Io::Plain(s) => (s, true),
+            Io::Tls(s) => (s.tcp(), false),
+            Io::Closed => return,
+        };
+        if plain && self.ahead.starts_with(&TERMINATE) {
+            return;
+        }
+        loop {
+            if self.ahead.is_empty() {
+                let mut head = [0u8; TERMINATE.len()];
+                let mut head = ReadBuf::new(&mut head);
+                // Waits for input (or the end) without taking it.
+                match std::future::poll_fn(|cx| tcp.poll_peek(cx, &mut head)).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) if plain && head.filled() == TERMINATE => return,
+                    Ok(_) => {}
+                }
+            }
+            // Bytes wait: the socket says whether its peer also closed.
+            match tcp.ready(tokio::io::Interest::READABLE).await {
+                Ok(ready) if !ready.is_read_closed() => {}
+                _ => return,
+            }
+            tokio::time::sleep(CLOSED_RECHECK).await;
+        }
     }
 
     /// Waits until a read would make progress, without reading. For TLS,

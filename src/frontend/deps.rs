@@ -11,6 +11,7 @@ use super::peers::Peers;
 use super::prepared::StatementRegistry;
 use crate::auth::hba::Hba;
 use crate::auth::{AuthAttempt, Credentials};
+use crate::config::reload_guard::Provides;
 use crate::config::{Config, ConfigError, HbaMethod};
 use crate::hooks::builtin::Builtins;
 use crate::hooks::Dispatcher;
@@ -43,6 +44,18 @@ pub struct ConfigSnapshot {
     pub client_tls: Option<ClientTls>,
     /// TLS towards each database's server.
     pub server_tls: HashMap<String, ServerTls>,
+}
+
+impl ConfigSnapshot {
+    /// What this snapshot provides, with `hook_files` loaded beside it (a
+    /// reload may not take it all away: config/reload_guard.rs).
+    pub fn provides(&self, hook_files: usize) -> Provides {
+        Provides {
+            users: self.credentials.any(),
+            databases: !self.config.databases.is_empty(),
+            hook_files,
+        }
+    }
 }
 
 /// How a shutdown treats the clients already connected (PgBouncer's

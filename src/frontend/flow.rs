@@ -97,6 +97,15 @@ pub enum ServerStep {
     /// drop the error and walk the client's copy of the segment again, in
     /// front of what the client sent since (its ReadyForQuery is dropped).
     Replay,
+    /// A ReadyForQuery (nothing else in flight) after statements that may
+    /// have reset settings: on the server connection a reset went to the
+    /// server's default. Before the client hears it, the session puts back
+    /// what PostgreSQL would have ([`Flow::take_resets`], or reading the
+    /// settings back; nothing in a failed block, whose abort undid them)
+    /// and tells the client the parameters that changed from what it was
+    /// told (their ParameterStatus messages were held back); then it sends
+    /// it, and gives the connection back if `release`.
+    Settle { release: bool },
 }
 
 /// What a session does with its server connection at the end of a
@@ -121,7 +130,13 @@ const REFUSED_MARKER: &str = "usher refused this statement";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Note {
     /// ParameterStatus: the server's value of a reported parameter.
-    Parameter { name: String, value: String },
+    /// `held`: not sent to the client (a reset is being settled, see
+    /// [`ServerStep::Settle`]).
+    Parameter {
+        name: String,
+        value: String,
+        held: bool,
+    },
     /// DISCARD ALL or DEALLOCATE ALL completed: the server dropped its
     /// prepared statements (DISCARD ALL: and reset its settings).
     StatementsDropped { discard_all: bool },
@@ -158,8 +173,11 @@ pub struct Flow {
     /// Queries (Query and Execute messages) seen since last taken.
     queries: u64,
     /// What the client's statements since the session last settled may
-    /// have done to the session (settings changed).
+    /// have done to the session (settings changed, reset).
     effects: Effects,
+    /// The first segment (counted from 1, as `ready_seen`) whose answers
+    /// may come after a reset in `effects.resets`.
+    resets_from: u64,
     /// What pins do in this session (`off` in session mode).
     pinning: Pinning,
     /// State the server connection holds for this client (transaction
@@ -244,6 +262,7 @@ impl Flow {
             server_fatal: false,
             queries: 0,
             effects: Effects::default(),
+            resets_from: 0,
             pinning: match mode {
                 PoolMode::Transaction => pinning,
                 PoolMode::Session => Pinning::Off,
@@ -576,6 +595,9 @@ impl Flow {
     /// Keeps what a text may do: its settings until the session settles
     /// them, its pins until the transaction ends.
     fn note(&mut self, effects: Effects) {
+        if self.effects.resets.is_empty() && !effects.resets.is_empty() {
+            self.resets_from = self.ready_seen + 1;
+        }
         if self.pinning != Pinning::Off {
             self.pins_seen |= effects.pins;
             self.unpins_seen |= effects.unpins;
@@ -740,20 +762,27 @@ impl Flow {
                 if self.status == status::IDLE && self.pending == 0 {
                     note = Some(Note::TransactionDone);
                 }
-                if self.mode == PoolMode::Transaction
+                let release = self.mode == PoolMode::Transaction
                     && self.status == status::IDLE
                     && self.quiet()
-                    && client_at_boundary
-                {
+                    && client_at_boundary;
+                if self.resets_pending() && self.quiet() && client_at_boundary {
+                    ServerStep::Settle { release }
+                } else if release {
                     ServerStep::ForwardThenRelease
                 } else {
                     ServerStep::Forward
                 }
             }
             backend::PARAMETER_STATUS => {
+                let held = self.resets_pending();
                 note = messages::parse_parameter_status(body)
-                    .map(|(name, value)| Note::Parameter { name, value });
-                ServerStep::Forward
+                    .map(|(name, value)| Note::Parameter { name, value, held });
+                if held {
+                    ServerStep::Drop
+                } else {
+                    ServerStep::Forward
+                }
             }
             backend::COMMAND_COMPLETE if self.answering().is_some() => {
                 let t = self.answering().expect("a tracked segment");
@@ -987,6 +1016,19 @@ impl Flow {
         ours
     }
 
+    /// Resets may have happened in the segment being answered (or one
+    /// already answered) and are not settled.
+    fn resets_pending(&self) -> bool {
+        !self.effects.resets.is_empty() && self.ready_seen + 1 >= self.resets_from
+    }
+
+    /// The resets to settle inside a transaction block (after
+    /// [`ServerStep::Settle`] with status 'T'): taken, the rest of what the
+    /// statements did stays to settle once the block ends.
+    pub fn take_resets(&mut self) -> Vec<super::sql_scan::Reset> {
+        std::mem::take(&mut self.effects.resets)
+    }
+
     /// Nothing is in flight: the server owes the client nothing.
     pub fn quiet(&self) -> bool {
         self.pending == 0 && !self.unsynced
@@ -1049,10 +1091,11 @@ impl Flow {
         self.effects.settings
     }
 
-    /// The session reads its settings back: the custom settings the
-    /// client's statements named, to ask for by name.
-    pub fn settled(&mut self) -> Vec<String> {
-        std::mem::take(&mut self.effects).custom
+    /// The session reads its settings back: what the client's statements
+    /// may have done since it last did (the custom settings they named,
+    /// to ask for by name; the resets not yet settled).
+    pub fn settled(&mut self) -> Effects {
+        std::mem::take(&mut self.effects)
     }
 
     /// Queries seen since last asked.
@@ -1270,6 +1313,7 @@ mod tests {
                                 | ServerStep::Retry
                                 | ServerStep::Replay
                                 | ServerStep::SendError
+                                | ServerStep::Settle { .. }
                         )
                     })
                 {
@@ -1478,6 +1522,115 @@ mod tests {
     }
 
     #[test]
+    fn a_reset_holds_its_parameters_and_settles_before_its_ready_for_query() {
+        let status_of = |p: &[u8]| msg(backend::PARAMETER_STATUS, p);
+        for mode in [PoolMode::Transaction, PoolMode::Session] {
+            let mut h = Harness::new(mode, false);
+            // A SET is forwarded as it comes.
+            h.client(&msg(frontend::QUERY, b"SET DateStyle = SQL\0"));
+            let got = h.server(&cat(&[
+                status_of(b"DateStyle\0SQL, MDY\0"),
+                complete("SET"),
+                ready(status::IDLE),
+            ]));
+            assert_eq!(steps(&got)[0], Forward, "{mode:?}");
+            h.flow.settled();
+            // A RESET in a block: its parameters are held, and the
+            // ReadyForQuery 'T' stops for the session to settle.
+            h.client(&msg(frontend::QUERY, b"BEGIN; RESET DateStyle\0"));
+            let got = h.server(&cat(&[
+                complete("BEGIN"),
+                complete("RESET"),
+                status_of(b"DateStyle\0ISO, MDY\0"),
+                ready(status::IN_TRANSACTION),
+            ]));
+            assert_eq!(
+                steps(&got),
+                [
+                    Forward,
+                    Forward,
+                    ServerStep::Drop,
+                    ServerStep::Settle { release: false }
+                ],
+                "{mode:?}"
+            );
+            assert_eq!(
+                got[2].1,
+                Some(Note::Parameter {
+                    name: "DateStyle".into(),
+                    value: "ISO, MDY".into(),
+                    held: true,
+                })
+            );
+            assert_eq!(
+                h.flow.take_resets(),
+                [sql_scan::Reset::One {
+                    name: "datestyle".into(),
+                    local: false
+                }]
+            );
+            // Settled: the next answers flow; the SET of the block is
+            // settled when it ends.
+            h.client(&msg(frontend::QUERY, b"SHOW DateStyle\0"));
+            assert_eq!(steps(&h.server(&ready(status::IN_TRANSACTION))), [Forward]);
+            // RESET ALL that fails in the block: its abort undid it, the
+            // session tells what the server has.
+            h.client(&msg(frontend::QUERY, b"RESET ALL; SELECT 1/0\0"));
+            let got = h.server(&cat(&[
+                complete("RESET"),
+                status_of(b"DateStyle\0German, DMY\0"),
+                ready(status::FAILED),
+            ]));
+            assert_eq!(
+                steps(&got),
+                [
+                    Forward,
+                    ServerStep::Drop,
+                    ServerStep::Settle { release: false }
+                ]
+            );
+            assert_eq!(h.flow.take_resets(), [sql_scan::Reset::All]);
+            h.client(&msg(frontend::QUERY, b"ROLLBACK\0"));
+            let got = h.server(&cat(&[complete("ROLLBACK"), ready(status::IDLE)]));
+            let end = if mode == PoolMode::Transaction {
+                ForwardThenRelease
+            } else {
+                Forward
+            };
+            assert_eq!(steps(&got), [Forward, end.clone()]);
+            // A DISCARD ALL settles before its ReadyForQuery 'I'.
+            h.client(&msg(frontend::QUERY, b"DISCARD ALL\0"));
+            let got = h.server(&cat(&[
+                complete("DISCARD ALL"),
+                status_of(b"TimeZone\0Etc/UTC\0"),
+                ready(status::IDLE),
+            ]));
+            let release = mode == PoolMode::Transaction;
+            assert_eq!(
+                steps(&got),
+                [Forward, ServerStep::Drop, ServerStep::Settle { release }]
+            );
+            assert!(h.flow.settings_to_settle());
+            h.flow.settled();
+            h.client(&msg(frontend::QUERY, b"SHOW TimeZone\0"));
+            assert_eq!(steps(&h.server(&ready(status::IDLE))), [end]);
+        }
+    }
+
+    #[test]
+    fn a_reset_settles_only_when_nothing_else_is_in_flight() {
+        let mut h = Harness::new(PoolMode::Transaction, false);
+        h.client(&cat(&[
+            msg(frontend::QUERY, b"RESET TimeZone\0"),
+            msg(frontend::QUERY, b"SELECT 1\0"),
+        ]));
+        let got = h.server(&cat(&[complete("RESET"), ready(status::IDLE)]));
+        assert_eq!(steps(&got), [Forward, Forward], "the SELECT is in flight");
+        let got = h.server(&cat(&[complete("SELECT 1"), ready(status::IDLE)]));
+        assert_eq!(steps(&got), [Forward, ServerStep::Settle { release: true }]);
+    }
+
+    #[test]
     fn a_server_fatal_is_remembered_and_parameters_are_noted() {
         let mut h = Harness::new(PoolMode::Session, false);
         h.client(&msg(frontend::QUERY, b"set application_name = 'x'\0"));
@@ -1490,7 +1643,8 @@ mod tests {
             got[0].1,
             Some(Note::Parameter {
                 name: "application_name".into(),
-                value: "x".into()
+                value: "x".into(),
+                held: false,
             })
         );
         h.server(&msg(
@@ -1617,7 +1771,7 @@ mod tests {
         h.client(&msg(frontend::QUERY, b"ROLLBACK\0"));
         h.server(&done(b"ROLLBACK\0"));
         assert!(h.flow.settings_to_settle());
-        assert!(h.flow.settled().is_empty());
+        assert!(h.flow.settled().custom.is_empty());
         assert!(!h.flow.settings_to_settle(), "settled");
         // The extended protocol: the Parse's text; custom names are kept.
         h.client(&cat(&[
@@ -1633,7 +1787,7 @@ mod tests {
             done(b"SET\0"),
         ]));
         assert!(h.flow.settings_to_settle());
-        assert_eq!(h.flow.settled(), ["myapp.tenant"]);
+        assert_eq!(h.flow.settled().custom, ["myapp.tenant"]);
     }
 
     fn query(sql: &str) -> Vec<u8> {
@@ -1650,7 +1804,12 @@ mod tests {
         }
         assert_eq!(steps, [ClientStep::Forward], "{sql}");
         let got = h.server(&cat(&[complete("OK"), ready(status::IDLE)]));
-        assert_eq!(steps_of(&got).last(), Some(&ForwardThenRelease), "{sql}");
+        match steps_of(&got).last() {
+            // A text that may reset settings (DO) settles first, as the
+            // session does, then releases.
+            Some(ServerStep::Settle { release: true }) => drop(h.flow.settled()),
+            last => assert_eq!(last, Some(&ForwardThenRelease), "{sql}"),
+        }
         h.flow.transaction_end()
     }
 

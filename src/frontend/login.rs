@@ -22,7 +22,7 @@ use crate::config::{AuthMethod, PoolMode, TlsMode};
 use crate::hooks::{ClientInfo, ConnectionCtx, Event, Vars};
 use crate::metrics::ClientConnected;
 use crate::pool::{Pool, Pools};
-use crate::protocol::error::sqlstate;
+use crate::protocol::error::{shown_name, sqlstate};
 use crate::protocol::messages;
 use crate::protocol::scram_client::ScramKeys;
 use crate::protocol::startup::{
@@ -288,7 +288,10 @@ async fn login<'a>(
         certificate: certificate.as_ref(),
         mock_key: &deps.mock_key,
     };
-    let authenticated = match auth::authenticate(stream, &challenge).await {
+    // The lockout again when the password or proof arrives: logins that
+    // started together must not all get their guess checked.
+    let recheck = || deps.lockout_check(&user, addr.ip());
+    let authenticated = match auth::authenticate(stream, &challenge, recheck).await {
         Ok(a) => a,
         Err(failure) => {
             progress.record(deps, failure.outcome).await;
@@ -324,7 +327,7 @@ async fn login<'a>(
     let unknown_database = || {
         PgError::fatal(
             sqlstate::INVALID_CATALOG_NAME,
-            format!("database \"{database}\" does not exist"),
+            format!("database \"{}\" does not exist", shown_name(&database)),
         )
     };
     // A listed database's entry, else the fallback entry's ("*"): then
@@ -473,40 +476,34 @@ async fn welcome(
             .wanted()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        let settings = params.sync_settings(&checkout.conn, &defaults);
         let before = out.len();
-        if !settings.is_empty() {
-            if let Err(e) = checkout
-                .conn
-                .apply_startup_settings(&settings, &mut out)
-                .await
-            {
-                let e = match e {
-                    // The server is ready again and its parameters are
-                    // known: the connection is fine, the client's
-                    // parameter is not; it ends the login as it would
-                    // directly.
-                    crate::backend::QueryError::Server(e) => {
-                        pool.checkin(checkout);
-                        PgError {
-                            severity: crate::protocol::Severity::Fatal,
-                            code: e.code,
-                            message: e.message,
-                            detail: e.detail,
-                            hint: e.hint,
-                        }
+        if let Err(e) = params
+            .bring_in_line(&mut checkout.conn, "", Some(&mut out))
+            .await
+        {
+            let e = match e {
+                // The server is ready again and its parameters are
+                // known: the connection is fine, the client's
+                // parameter is not; it ends the login as it would
+                // directly.
+                crate::backend::QueryError::Server(e) => {
+                    pool.checkin(checkout);
+                    PgError {
+                        severity: crate::protocol::Severity::Fatal,
+                        code: e.code,
+                        message: e.message,
+                        detail: e.detail,
+                        hint: e.hint,
                     }
-                    e => {
-                        pool.discard(checkout);
-                        PgError::fatal(e.sqlstate(), e.to_string())
-                    }
-                };
-                stream.write_all(&out).await.map_err(gone)?;
-                return Err(e);
-            }
-            params.after_sync(&mut checkout.conn, &defaults);
+                }
+                e => {
+                    pool.discard(checkout);
+                    PgError::fatal(e.sqlstate(), e.to_string())
+                }
+            };
+            stream.write_all(&out).await.map_err(gone)?;
+            return Err(e);
         }
-        params.mark_in_line(&mut checkout.conn, &defaults);
         if out.len() == before {
             // Nothing to say about these values: later logins may skip
             // the server.
@@ -594,11 +591,13 @@ async fn choose_method(
     database: &str,
 ) -> Result<AuthMethod, (AuthOutcome, PgError)> {
     let host = addr.ip();
+    // As the messages quote them.
+    let (u, d) = (shown_name(user), shown_name(database));
     if !tls && snapshot.client_tls.as_ref().map(|t| t.mode) == Some(TlsMode::Require) {
         let e = PgError::fatal(
             sqlstate::INVALID_AUTHORIZATION,
             format!(
-                "TLS is required: usher refuses unencrypted connections (host \"{host}\", user \"{user}\", database \"{database}\")"
+                "TLS is required: usher refuses unencrypted connections (host \"{host}\", user \"{u}\", database \"{d}\")"
             ),
         )
         .with_hint("connect with sslmode=require (or verify-full)");
@@ -625,8 +624,7 @@ async fn choose_method(
     } else {
         "no encryption"
     };
-    let described =
-        format!("host \"{host}\", user \"{user}\", database \"{database}\", {encryption}");
+    let described = format!("host \"{host}\", user \"{u}\", database \"{d}\", {encryption}");
     let refused = |message: String| {
         Err((
             AuthOutcome::HbaReject,

@@ -49,6 +49,8 @@ impl From<crate::pool::CheckoutError> for PgError {
                 pool_size,
                 paused,
             } => {
+                use crate::protocol::error::shown_name;
+                let (database, user) = (shown_name(&database), shown_name(&user));
                 let detail = if paused {
                     format!(
                         "database \"{database}\" is paused (PAUSE or KILL on the admin console)"

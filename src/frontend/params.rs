@@ -2,26 +2,14 @@
 //! SETs the server reported back), so that every server connection the
 //! session uses is brought in line with it before it runs anything.
 
-use crate::backend::{ParamsFingerprint, ServerConn, Setting};
+use crate::backend::params::SERVER_SET;
+use crate::backend::{ParamsFingerprint, QueryError, ServerConn, ServerParams, Wanted};
 use crate::protocol::PgError;
+use bytes::BytesMut;
 use std::collections::HashMap;
 
 /// Startup-packet keys that are not parameters to SET.
 const NOT_PARAMETERS: &[&str] = &["user", "database", "options", "replication"];
-
-/// Parameters the server sets and no session may: never replayed (a SET of
-/// `is_superuser`, which SET ROLE changes, would be FATAL 55P02).
-const SERVER_SET: &[&str] = &[
-    "is_superuser",
-    "server_version",
-    "server_version_num",
-    "server_encoding",
-    "integer_datetimes",
-    "in_hot_standby",
-];
-
-/// Set before every other setting: setting it resets `role`.
-const FIRST: &str = "session_authorization";
 
 /// Server-reported parameters with mixed-case names; everything else is lower case.
 const CANONICAL: &[&str] = &["DateStyle", "IntervalStyle", "TimeZone"];
@@ -51,22 +39,24 @@ pub struct SessionParams {
     /// layer alone (no hook or client values): most sessions, which then
     /// keep one map instead of two.
     wanted: Option<Layer>,
-    /// The fingerprint of the merged view (and the pool's defaults), made
-    /// when first needed after it changed.
+    /// The fingerprint of the merged view, made when first needed after it
+    /// changed.
     fingerprint: Option<ParamsFingerprint>,
 }
 
 impl SessionParams {
     /// From the startup packet: every parameter except user/database, plus
-    /// `-c name=value` / `--name=value` items of `options`.
+    /// `-c name=value` / `--name=value` items of `options`. As PostgreSQL
+    /// takes them: `options` first, so a parameter of its own wins.
     pub fn from_startup(startup: &[(String, String)]) -> Result<Self, PgError> {
         let mut wanted = Layer::default();
+        for (_, v) in startup.iter().filter(|(k, _)| k == "options") {
+            for (name, value) in parse_options(v)? {
+                wanted.insert(canonical_name(&name), value);
+            }
+        }
         for (k, v) in startup {
-            if k == "options" {
-                for (name, value) in parse_options(v)? {
-                    wanted.insert(canonical_name(&name), value);
-                }
-            } else if !NOT_PARAMETERS.contains(&k.as_str()) && !k.starts_with("_pq_.") {
+            if !NOT_PARAMETERS.contains(&k.as_str()) && !k.starts_with("_pq_.") {
                 wanted.insert(canonical_name(k), v.clone());
             }
         }
@@ -156,49 +146,49 @@ impl SessionParams {
         out
     }
 
-    /// The settings that make `conn` match this session (empty if it
-    /// already does). `defaults` are the pool's server defaults (the
-    /// reported parameters): another session's value for a parameter this
-    /// session does not set goes back to the default.
-    ///
-    /// A connection last found in line with the same wanted parameters
-    /// (this session's, or another's that wanted the same) and unchanged
-    /// since needs nothing, and that costs a comparison: the common case
-    /// of a transaction-mode checkout (see `mark_in_line`).
-    pub fn sync_settings(
+    /// Brings `conn` in line with this session ([`ServerConn::bring_in_line`]),
+    /// then runs `then_sql` (usher's own statements, or nothing), and takes
+    /// the server's spelling of the values (`ISO, MDY` for `iso`); those
+    /// that changed are returned, to be told to the client. A connection
+    /// last found in line with the same wanted parameters (this session's,
+    /// or another's that wanted the same) and unchanged since needs
+    /// nothing, and that costs a comparison: the common case of a
+    /// transaction-mode checkout.
+    pub async fn bring_in_line(
         &mut self,
-        conn: &ServerConn,
-        defaults: &HashMap<String, String>,
-    ) -> Vec<Setting> {
-        if conn.in_line_with() == Some(&self.fingerprint(defaults)) {
-            return Vec::new();
-        }
-        self.differences(conn, defaults)
+        conn: &mut ServerConn,
+        then_sql: &str,
+        notices: Option<&mut BytesMut>,
+    ) -> Result<Vec<(String, String)>, QueryError> {
+        let spellings = conn
+            .bring_in_line(self.wanted_now(), then_sql, notices)
+            .await?;
+        let changed = self.take_spellings(spellings);
+        conn.mark_in_line(self.wanted_now());
+        Ok(changed)
     }
 
-    /// After a sync (or none was needed): if `conn` now needs nothing, it
-    /// is marked in line with this session's wanted parameters, so the
-    /// next checkout of it by a session wanting the same skips the
-    /// comparison.
-    pub fn mark_in_line(&mut self, conn: &mut ServerConn, defaults: &HashMap<String, String>) {
-        let fingerprint = self.fingerprint(defaults);
-        if conn.in_line_with() != Some(&fingerprint) && self.differences(conn, defaults).is_empty()
-        {
-            conn.mark_in_line(fingerprint);
+    /// What the session wants, as the server connection takes it.
+    fn wanted_now(&mut self) -> Wanted<'_> {
+        let fingerprint = self.fingerprint();
+        Wanted {
+            params: &self.merged().0,
+            set_by_client: &self.client.0,
+            fingerprint,
         }
     }
 
-    /// A digest of `wanted` and the pool's `defaults` (a session's
-    /// defaults never change): SHA-256 of both, sorted, each name and
-    /// value length-prefixed, cut to 128 bits.
-    fn fingerprint(&mut self, defaults: &HashMap<String, String>) -> ParamsFingerprint {
+    /// A digest of the wanted parameters and of those the client set:
+    /// SHA-256 of both, sorted, each name and value length-prefixed, cut
+    /// to 128 bits.
+    fn fingerprint(&mut self) -> ParamsFingerprint {
         if let Some(f) = self.fingerprint {
             return f;
         }
         use sha2::{Digest, Sha256};
         let mut hash = Sha256::new();
-        let wanted: Vec<_> = self.merged().iter().collect();
-        for mut entries in [wanted, defaults.iter().collect()] {
+        for layer in [self.merged(), &self.client] {
+            let mut entries: Vec<_> = layer.iter().collect();
             entries.sort();
             hash.update((entries.len() as u64).to_be_bytes());
             for (name, value) in entries {
@@ -216,73 +206,14 @@ impl SessionParams {
         f
     }
 
-    /// The settings that make `conn` match this session, compared name by
-    /// name.
-    fn differences(&self, conn: &ServerConn, defaults: &HashMap<String, String>) -> Vec<Setting> {
-        let mut settings: Vec<Setting> = self
-            .merged()
-            .iter()
-            // (A server-set name here came in the startup packet: applied,
-            // it fails as it would directly, 55P02.)
-            .filter(|(name, value)| conn.params().get(*name) != Some(*value))
-            .map(|(name, value)| Setting {
-                name: name.clone(),
-                value: Some(value.clone()),
-            })
-            .collect();
-        settings.extend(
-            conn.params()
-                .iter()
-                .filter(|(k, _)| !SERVER_SET.contains(&k.as_str()))
-                .filter(|(k, v)| !self.merged().contains_key(k) && defaults.get(*k) != Some(*v))
-                .map(|(name, _)| Setting {
-                    name: name.clone(),
-                    value: None,
-                }),
-        );
-        settings.sort_by(|a, b| (a.name != FIRST, &a.name).cmp(&(b.name != FIRST, &b.name)));
-        settings
-    }
-
-    /// Records that the sync succeeded on `conn`. Reported parameters take
-    /// the server's spelling (`ISO, MDY` for `ISO`), so later comparisons
-    /// match; those that changed are returned, to be told to the client.
-    pub fn after_sync(
-        &mut self,
-        conn: &mut ServerConn,
-        defaults: &HashMap<String, String>,
-    ) -> Vec<(String, String)> {
-        let mut changed = Vec::new();
-        // Without hook or client values the startup layer is the merged
-        // view, and respelt in place.
-        let layered = self.wanted.is_some();
-        let wanted = self.wanted.as_mut().unwrap_or(&mut self.startup);
-        for (name, value) in wanted.iter_mut() {
-            if defaults.contains_key(name) {
-                if let Some(now) = conn.params().get(name) {
-                    if now != value {
-                        self.fingerprint = None;
-                        *value = now.clone();
-                        changed.push((name.clone(), now.clone()));
-                    }
-                }
-            } else {
-                conn.set_param(name.clone(), value.clone());
-            }
+    /// The server's spelling of wanted values (name, spelling): each layer
+    /// takes it, so later comparisons match and a rebuild does not undo it.
+    /// Returns them, to be told to the client.
+    fn take_spellings(&mut self, spellings: Vec<(String, String)>) -> Vec<(String, String)> {
+        for (name, value) in &spellings {
+            self.take_spelling(name, value.clone());
         }
-        if layered {
-            // The layer each value came from takes the server's spelling
-            // too, so a rebuild does not undo it.
-            for (name, now) in &changed {
-                respell(
-                    [&mut self.client, &mut self.hook, &mut self.startup],
-                    name,
-                    now.clone(),
-                );
-            }
-        }
-        conn.retain_params(|k, _| self.merged().contains_key(k) || defaults.contains_key(k));
-        changed
+        spellings
     }
 }
 
@@ -296,33 +227,36 @@ impl SessionParams {
     /// what the server connection's session now has set (name, value;
     /// `ServerConn::session_settings`). The client's own layer becomes
     /// what differs from its startup and hook values, so a SET is kept,
-    /// a rolled-back one is not, and a RESET returns to the startup value
-    /// (the next sync brings it back); the connection's record of its
-    /// unreported settings becomes exactly `read`.
+    /// a rolled-back one is not, and a reset returns to the startup value
+    /// (the next sync brings it back).
+    ///
+    /// What the read leaves out is not set in the session: at the startup
+    /// value (the client's own values are always set in the session, even
+    /// where the server's default is the same: `Wanted::set_by_client`).
+    /// `server` is the connection's record; `reset` says whether the
+    /// statements may have reset a name: a custom setting reset reads as
+    /// '' (its placeholder's value, which nothing tells from a SET to '')
+    /// and is then taken as reset.
     pub fn settle(
         &mut self,
         read: Vec<(String, String)>,
-        conn: &mut ServerConn,
-        defaults: &HashMap<String, String>,
+        server: &ServerParams,
+        reset: impl Fn(&str) -> bool,
     ) {
         let mut base = self.startup.clone();
         base.extend(self.hook.iter().map(|(k, v)| (k.clone(), v.clone())));
         self.client.clear();
-        conn.retain_params(|k, _| defaults.contains_key(k));
-        for (name, value) in read {
+        for (name, value) in &read {
             let unset = match name.as_str() {
                 "role" => value == "none",
-                FIRST => defaults.get(FIRST) == Some(&value),
+                "session_authorization" => server.base().get(name) == Some(value),
+                _ if name.contains('.') && value.is_empty() && base.contains_key(name) => {
+                    reset(name)
+                }
                 _ => SERVER_SET.contains(&name.as_str()),
             };
-            if unset {
-                continue;
-            }
-            if !defaults.contains_key(&name) {
-                conn.set_param(name.clone(), value.clone());
-            }
-            if base.get(&name) != Some(&value) {
-                self.client.insert(name, value);
+            if !unset && base.get(name) != Some(value) {
+                self.client.insert(name.clone(), value.clone());
             }
         }
         self.rebuild();
@@ -331,6 +265,31 @@ impl SessionParams {
     /// The merged parameters, canonical names, values as they stand.
     pub fn wanted(&self) -> impl Iterator<Item = (&String, &String)> {
         self.merged().iter()
+    }
+
+    /// What RESET returns `name` (a canonical name) to on a direct
+    /// connection: the value the session started with (startup packet,
+    /// client_connection and session_start hooks), if it has one; else the
+    /// server's default.
+    pub fn reset_value(&self, name: &str) -> Option<&String> {
+        self.hook.get(name).or_else(|| self.startup.get(name))
+    }
+
+    /// The names of the parameters the session started with.
+    pub fn started_with(&self) -> impl Iterator<Item = &String> {
+        self.startup
+            .keys()
+            .chain(self.hook.keys().filter(|k| !self.startup.contains_key(k)))
+    }
+
+    /// The value the client was last told of a reported parameter: its
+    /// own, or the server's default (`defaults`).
+    pub fn told<'a>(
+        &'a self,
+        name: &str,
+        defaults: &'a HashMap<String, String>,
+    ) -> Option<&'a String> {
+        self.merged().get(name).or_else(|| defaults.get(name))
     }
 
     /// Takes the server's spelling of a wanted value, learnt elsewhere (a
@@ -385,10 +344,6 @@ impl Layer {
 
     fn iter(&self) -> impl Iterator<Item = (&String, &String)> {
         self.0.iter().map(|(k, v)| (k, v))
-    }
-
-    fn iter_mut(&mut self) -> impl Iterator<Item = (&String, &mut String)> {
-        self.0.iter_mut().map(|(k, v)| (&*k, v))
     }
 
     fn keys(&self) -> impl Iterator<Item = &String> {
@@ -499,6 +454,47 @@ mod tests {
         assert_eq!(p.get("DateStyle"), Some("ISO"));
         assert_eq!(p.get("search_path"), Some("x"));
         assert_eq!(p.get("user"), None);
+    }
+
+    #[test]
+    fn a_parameter_of_its_own_wins_over_options() {
+        let startup = vec![
+            ("DateStyle".into(), "SQL".into()),
+            (
+                "options".into(),
+                "-c datestyle=German -c work_mem=8MB".into(),
+            ),
+        ];
+        let p = SessionParams::from_startup(&startup).unwrap();
+        assert_eq!(p.get("DateStyle"), Some("SQL"));
+        assert_eq!(p.get("work_mem"), Some("8MB"));
+    }
+
+    #[test]
+    fn settle_takes_what_the_session_has_set() {
+        let startup = vec![(
+            "options".into(),
+            "-c TimeZone=Asia/Kolkata -c app.x=a".into(),
+        )];
+        let mut p = SessionParams::from_startup(&startup).unwrap();
+        let server = ServerParams::new(
+            [("TimeZone".to_string(), "Etc/UTC".to_string())]
+                .into_iter()
+                .collect(),
+        );
+        // The client SET TimeZone to the server's default: listed.
+        let utc = vec![("TimeZone".to_string(), "Etc/UTC".to_string())];
+        p.settle(utc, &server, |_| false);
+        assert_eq!(p.get("TimeZone"), Some("Etc/UTC"));
+        // Not listed: reset, back to the startup value.
+        p.settle(Vec::new(), &server, |_| false);
+        assert_eq!(p.get("TimeZone"), Some("Asia/Kolkata"));
+        // A custom setting read as '' is a SET to '', unless it was reset.
+        let read = vec![("app.x".to_string(), String::new())];
+        p.settle(read.clone(), &server, |_| false);
+        assert_eq!(p.get("app.x"), Some(""));
+        p.settle(read, &server, |name| name == "app.x");
+        assert_eq!(p.get("app.x"), Some("a"));
     }
 
     #[test]

@@ -19,11 +19,12 @@ use super::client_stream::ClientStream;
 use super::close_with_error;
 use super::deps::SessionDeps;
 use super::flow::{self, ClientStep, Flow, Note, PinStep, ServerStep};
-use super::params::SessionParams;
+use super::params::{canonical_name, SessionParams};
 use super::prepared::{self, ClientStatements, Rewriter};
 use super::spare_buffers;
-use super::sql_scan::PinKinds;
-use crate::backend::HeldState;
+use super::sql_scan::{PinKinds, Reset};
+use crate::backend::params::SERVER_SET;
+use crate::backend::{HeldState, Restore};
 use crate::config::{Pinning, PoolMode};
 use crate::hooks::{ClientInfo, Event, ServerInfo, SessionCtx, SessionEndCtx, SessionReason, Vars};
 use crate::metrics::{self, ErrorSource};
@@ -146,6 +147,9 @@ struct Forwarding {
     copy: BytesMut,
     /// The copy went back in front of `in_buf`: walk it.
     replay: bool,
+    /// A client message came in whole since the serve loop last looked:
+    /// what restarts its timers (bytes of an unfinished one do not).
+    message_ended: bool,
 }
 
 impl Forwarding {
@@ -385,6 +389,7 @@ impl Session {
             notes: Vec::new(),
             copy: BytesMut::new(),
             replay: false,
+            message_ended: false,
         };
         if let Some(checkout) = self.login_server.take() {
             self.registration
@@ -489,6 +494,8 @@ impl Session {
         // Coming from the parked wait, the socket was just seen readable:
         // the first read need not ask again.
         let mut known_readable = fwd.held.is_none();
+        let mut idle_timer: Option<Deadline> = None;
+        let mut message_timer: Option<Deadline> = None;
         loop {
             let between_messages =
                 fwd.flow.quiet() && fwd.in_walker.at_boundary() && fwd.to_server.is_empty();
@@ -526,9 +533,8 @@ impl Session {
                 return LoopEnd::Idle;
             }
             woke = true;
-            // The client's turn to speak: its idle timeouts run (each loop
-            // turn is activity, so they restart; they are read each turn,
-            // as a reload may change them). A client idle between
+            // The client's turn to speak: its idle timeouts run (read each
+            // turn, as a reload may change them). A client idle between
             // transactions (no server connection, or session mode at a
             // clean 'I') gets client_idle_timeout; one that holds a server
             // connection the server is not working for (inside a
@@ -536,19 +542,41 @@ impl Session {
             // with an unsynced pipeline, in COPY IN) gets
             // idle_transaction_timeout, so it cannot keep a server forever.
             // A pinned client between transactions is idle as in session mode.
+            // The timer restarts when that state changes or a client message
+            // comes in whole, not at every turn: bytes trickled into an
+            // unfinished message do not keep it from firing (PostgreSQL's
+            // idle_in_transaction_session_timeout ends such a trickle too).
             let keeps_server = self.mode == PoolMode::Session || !fwd.flow.pinned().is_empty();
             let idle_limit =
                 if fwd.held.is_none() || (between_messages && fwd.flow.idle() && keeps_server) {
                     pool.settings()
                         .client_idle_timeout
-                        .map(|t| (t, idle_session_timeout as fn() -> PgError))
+                        .map(|t| (Timer::IdleSession, t))
                 } else if fwd.flow.waiting_for_client() || !fwd.in_walker.at_boundary() {
                     pool.settings()
                         .idle_transaction_timeout
-                        .map(|t| (t, idle_in_transaction_timeout as fn() -> PgError))
+                        .map(|t| (Timer::IdleTransaction, t))
                 } else {
                     None
                 };
+            let restart = std::mem::take(&mut fwd.message_ended);
+            idle_timer = Deadline::keep_or_start(idle_timer, idle_limit, restart);
+            // A message held beyond the free part of the read buffer (charged
+            // to max_buffered_total) must be finished within
+            // client_message_timeout: a client that stops in its middle
+            // would otherwise keep the budget others' large messages need
+            // for as long as it liked, holding no server and no other timer.
+            // (Not while usher itself is not reading: what the client sent
+            // waits for the server to take it.)
+            let message_limit = (self.charged > 0 && fwd.to_server.is_empty()).then(|| {
+                let t = self.deps.config().client_message_timeout;
+                (Timer::PartialMessage, std::time::Duration::from_secs_f64(t))
+            });
+            message_timer = Deadline::keep_or_start(message_timer, message_limit, restart);
+            let first_deadline = match (idle_timer, message_timer) {
+                (Some(i), Some(m)) => Some(if m.at < i.at { m } else { i }),
+                (i, m) => i.or(m),
+            };
             let in_buf = &mut fwd.in_buf;
             let out_buf = &mut fwd.out_buf;
             let held = &mut fwd.held;
@@ -566,10 +594,10 @@ impl Session {
                 biased;
                 _ = shutdown.changed(), if idle => LoopEvent::Shutdown,
                 end = async {
-                    match idle_limit {
-                        Some((t, error)) => {
-                            tokio::time::sleep(t).await;
-                            LoopEnd::Error(error())
+                    match first_deadline {
+                        Some(d) => {
+                            tokio::time::sleep_until(d.at).await;
+                            LoopEnd::Error(d.error())
                         }
                         None => std::future::pending().await,
                     }
@@ -736,22 +764,28 @@ impl Session {
         checkout: &mut Checkout,
         exec: Vec<String>,
     ) -> Result<(), PgError> {
-        let settings = self.params.sync_settings(&checkout.conn, &self.defaults);
-        if !settings.is_empty() {
-            checkout
-                .conn
-                .apply_settings(&settings, "")
-                .await
-                .map_err(|e| {
-                    PgError::fatal(
-                        e.sqlstate(),
-                        format!("could not apply session parameters: {e}"),
-                    )
-                })?;
-            let changed = self.params.after_sync(&mut checkout.conn, &self.defaults);
-            report_parameters(client, changed).await?;
-        }
-        self.params.mark_in_line(&mut checkout.conn, &self.defaults);
+        let changed = self
+            .params
+            .bring_in_line(&mut checkout.conn, "", None)
+            .await
+            .map_err(|e| {
+                PgError::fatal(
+                    e.sqlstate(),
+                    format!("could not apply session parameters: {e}"),
+                )
+            })?;
+        report_parameters(client, changed).await?;
+        self.run_session_statements(client, checkout, exec).await
+    }
+
+    /// Runs the statements session_start hooks asked for; a failing one is
+    /// a WARNING for the client.
+    async fn run_session_statements(
+        &mut self,
+        client: &mut ClientStream,
+        checkout: &mut Checkout,
+        exec: Vec<String>,
+    ) -> Result<(), PgError> {
         for sql in exec {
             if let Err(e) = checkout.conn.simple_query(&sql).await {
                 let w = PgError::warning(format!("session_start statement failed: {e}"))
@@ -765,6 +799,130 @@ impl Session {
             }
         }
         Ok(())
+    }
+
+    /// [`ServerStep::Settle`]: the client's statements may have reset
+    /// settings, which on the server connection went to the server's
+    /// defaults. Brings the connection to what PostgreSQL would have, and
+    /// returns the ParameterStatus messages to send before the
+    /// ReadyForQuery (`status`): each reported parameter whose value is
+    /// not what the client was last told.
+    ///
+    /// Outside a transaction block the settings are read back and the
+    /// connection brought in line with the session (after a DISCARD ALL,
+    /// the session begins anew first: its SETs and hook values are
+    /// forgotten, session_start runs again). Inside one, the values the
+    /// session started with go back for the names it reset, within the
+    /// transaction (a ROLLBACK undoes both, as it would the RESET); the
+    /// rest is settled when the block ends. In a failed block the error's
+    /// abort undid the resets (unless a SAVEPOINT followed them in the same
+    /// Query: a known limit).
+    async fn settle_resets(
+        &mut self,
+        client: &mut ClientStream,
+        fwd: &mut Forwarding,
+        status: u8,
+    ) -> Result<BytesMut, PgError> {
+        let conn = &fwd.held.as_ref().expect("a server connection is held").conn;
+        // What the client was told, before anything changes.
+        let mut told: Vec<(String, Option<String>)> = conn
+            .params()
+            .base()
+            .keys()
+            .map(|name| {
+                (
+                    name.clone(),
+                    self.params.told(name, &self.defaults).cloned(),
+                )
+            })
+            .collect();
+        told.sort();
+        if status == crate::protocol::tags::status::IDLE {
+            let mut exec = Vec::new();
+            if fwd.flow.take_discarded() {
+                // The client's DISCARD ALL: its session begins anew.
+                self.params.reset();
+                let server = fwd.held.as_ref().map(server_info);
+                exec = self
+                    .start_session(client, SessionReason::DiscardAll, server)
+                    .await?;
+                if self.mode != PoolMode::Session {
+                    // (Statements are session mode's.)
+                    exec.clear();
+                }
+            }
+            self.settle_settings(client, fwd, false).await?;
+            let checkout = fwd.held.as_mut().expect("a server connection is held");
+            self.params
+                .bring_in_line(&mut checkout.conn, "", None)
+                .await
+                .map_err(|e| {
+                    PgError::fatal(
+                        e.sqlstate(),
+                        format!("could not apply session parameters: {e}"),
+                    )
+                })?;
+            self.run_session_statements(client, checkout, exec).await?;
+        } else if status == crate::protocol::tags::status::FAILED {
+            // The error aborted the (sub)transaction, and the resets with
+            // it: the server has what PostgreSQL would.
+            fwd.flow.take_resets();
+        } else {
+            let restores = self.restores(fwd.flow.take_resets());
+            let conn = &mut fwd.held.as_mut().expect("a server connection is held").conn;
+            conn.restore(&restores).await.map_err(|e| {
+                PgError::fatal(
+                    e.sqlstate(),
+                    format!("could not put back the session's value of a reset setting: {e}"),
+                )
+            })?;
+        }
+        let conn = &fwd.held.as_ref().expect("a server connection is held").conn;
+        let mut out = BytesMut::new();
+        for (name, before) in told {
+            let Some(now) = conn.params().get(&name) else {
+                continue;
+            };
+            if before.as_ref() != Some(now) {
+                messages::parameter_status(&mut out, &name, now);
+                if status != crate::protocol::tags::status::IDLE {
+                    // Settled when the block ends; until then the client
+                    // has what it was told.
+                    self.params.observe(&name, now);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// What to put back inside a transaction block after `resets`: the
+    /// value the session started with, for each name it has one of (the
+    /// others went to the server's default, as they would directly).
+    fn restores(&self, resets: Vec<Reset>) -> Vec<Restore> {
+        let mut out = Vec::new();
+        let mut put = |name: &str, local: bool| {
+            if let Some(value) = self.params.reset_value(name) {
+                if !SERVER_SET.contains(&name) {
+                    out.push(Restore {
+                        name: name.to_string(),
+                        value: value.clone(),
+                        local,
+                    });
+                }
+            }
+        };
+        for reset in resets {
+            match reset {
+                Reset::One { name, local } => put(&canonical_name(&name), local),
+                Reset::All => {
+                    for name in self.params.started_with() {
+                        put(name, false);
+                    }
+                }
+                Reset::Unknown => {}
+            }
+        }
+        out
     }
 
     /// Forwards what the client sent: streams it through, rewriting messages
@@ -806,6 +964,7 @@ impl Session {
                     },
                 )
                 .map_err(LoopEnd::Error)?;
+            fwd.message_ended |= walked.ended;
             stats.queries(fwd.flow.take_queries());
             stats.received(walked.forward as u64);
             self.received += walked.forward as u64;
@@ -846,6 +1005,7 @@ impl Session {
                     // usher's error replaces the server's.
                     let len = u32::from_be_bytes(fwd.in_buf[1..5].try_into().unwrap()) as usize;
                     let message = fwd.in_buf.split_to(1 + len);
+                    fwd.message_ended = true;
                     fwd.keep_copy(&message);
                     queue_for_server(
                         &mut fwd.to_server,
@@ -859,6 +1019,7 @@ impl Session {
                     // A statement about a prepared statement (SQL level).
                     let len = u32::from_be_bytes(fwd.in_buf[1..5].try_into().unwrap()) as usize;
                     let message = fwd.in_buf.split_to(1 + len);
+                    fwd.message_ended = true;
                     fwd.keep_copy(&message);
                     let failed_block = fwd.flow.known_failed_block();
                     let checkout = fwd.held.as_mut().expect("a server connection is held");
@@ -888,6 +1049,8 @@ impl Session {
                         prepared: checkout.conn.prepared_mut(),
                         plan: fwd.flow.plan_mut(),
                     };
+                    // Whole, unless a Bind's parameters stream after its head.
+                    fwd.message_ended = true;
                     let taken = if tag == frontend::BIND {
                         // Only the Bind's head is in: rewrite it, and let
                         // the parameters stream after it.
@@ -898,6 +1061,7 @@ impl Session {
                         rewriter.rewrite_bind_head(&portal, &name, len - 4 - head, &mut out);
                         let original = fwd.in_buf.split_to(5 + head);
                         fwd.in_walker.stream_rest_of_body(len - 4 - head);
+                        fwd.message_ended = len - 4 == head;
                         queue_for_server(&mut fwd.to_server, out);
                         original
                     } else {
@@ -975,6 +1139,26 @@ impl Session {
                 spare_buffers::consume(&mut fwd.out_buf, walked.forward);
             }
             match answer {
+                Some(ServerStep::Settle { release }) => {
+                    // The ReadyForQuery is whole at the front of the buffer.
+                    let len = u32::from_be_bytes(fwd.out_buf[1..5].try_into().unwrap()) as usize;
+                    let status = fwd.out_buf[5];
+                    fwd.out_buf.advance(1 + len);
+                    // Boxed, as every rare step: see serve_loop.
+                    let mut out = Box::pin(self.settle_resets(client, fwd, status))
+                        .await
+                        .map_err(LoopEnd::Error)?;
+                    messages::ready_for_query(&mut out, status);
+                    self.pool.stats.sent(out.len() as u64);
+                    self.sent += out.len() as u64;
+                    client
+                        .write_all(&out)
+                        .await
+                        .map_err(|_| LoopEnd::ClientLeft)?;
+                    if release && self.end_transaction(client, fwd).await? {
+                        return Ok(());
+                    }
+                }
                 Some(step) => {
                     // The message replaced or dropped is whole in the buffer.
                     let len = u32::from_be_bytes(fwd.out_buf[1..5].try_into().unwrap()) as usize;
@@ -1046,9 +1230,11 @@ impl Session {
     /// counted, transactions counted.
     fn record(&mut self, note: Note, server: &mut crate::backend::ServerConn) {
         match note {
-            Note::Parameter { name, value } => {
-                self.params.observe(&name, &value);
-                server.set_param(name, value);
+            Note::Parameter { name, value, held } => {
+                server.note_parameter(&name, &value);
+                if !held {
+                    self.params.observe(&name, &value);
+                }
             }
             Note::StatementsDropped { discard_all } => {
                 // The client dropped its names with the server's.
@@ -1057,8 +1243,7 @@ impl Session {
                     self.registration.handle.set_prepared(0);
                 }
                 if discard_all {
-                    // usher's settings of unreported parameters are gone.
-                    server.forget_unreported(&self.defaults);
+                    server.settings_reset();
                 }
             }
             Note::Error { code, stale } => {
@@ -1222,12 +1407,13 @@ impl Session {
         fwd: &mut Forwarding,
         sync_now: bool,
     ) -> Result<(), PgError> {
-        let mut custom = fwd.flow.settled();
+        let effects = fwd.flow.settled();
+        let mut custom = effects.custom;
         let checkout = fwd.held.as_mut().expect("a server connection is held");
         let conn = &mut checkout.conn;
         // Custom settings the session or the connection already has may
         // have been RESET: ask for them too.
-        for name in conn.params().keys().chain(self.params.custom_names()) {
+        for name in conn.params().now().keys().chain(self.params.custom_names()) {
             if name.contains('.') && !custom.contains(name) {
                 custom.push(name.clone());
             }
@@ -1238,7 +1424,14 @@ impl Session {
                 format!("could not read the session's settings back: {e}"),
             )
         })?;
-        self.params.settle(read, conn, &self.defaults);
+        // (A SET LOCAL ... TO DEFAULT ended with its transaction.)
+        let reset = |name: &str| {
+            effects.resets.iter().any(|r| match r {
+                Reset::All | Reset::Unknown => true,
+                Reset::One { name: n, local } => !local && canonical_name(n) == name,
+            })
+        };
+        self.params.settle(read, conn.params(), reset);
         if sync_now {
             self.apply_session(client, checkout, Vec::new()).await?;
         }
@@ -1249,7 +1442,17 @@ impl Session {
     /// parameters, and the bound on prepared statements it keeps.
     async fn begin_transaction(&mut self, client: &mut ClientStream) -> Result<Checkout, PgError> {
         self.registration.handle.waiting();
-        let mut checkout = match self.pool.checkout().await {
+        let checkout = tokio::select! {
+            biased;
+            checkout = self.pool.checkout() => checkout,
+            // A client that left while it waited is not waited for (nor
+            // counted as waiting): its query never runs.
+            () = client.closed() => {
+                self.registration.handle.set_server(None);
+                return Err(left_while_waiting());
+            }
+        };
+        let mut checkout = match checkout {
             Ok(c) => c,
             Err(e) => {
                 self.registration.handle.set_server(None);
@@ -1263,14 +1466,14 @@ impl Session {
             }
         }
         let conn = &mut checkout.conn;
-        let settings = self.params.sync_settings(conn, &self.defaults);
         let mut sql = String::new();
         let bound = self.pool.settings().prepared_statements;
         for id in conn.trim_prepared(bound) {
             sql.push_str(&format!("DEALLOCATE {};", prepared::server_name(id)));
         }
-        if !settings.is_empty() || !sql.is_empty() {
-            if let Err(e) = conn.apply_settings(&settings, &sql).await {
+        match self.params.bring_in_line(conn, &sql, None).await {
+            Ok(changed) => report_parameters(client, changed).await?,
+            Err(e) => {
                 self.pool.discard(checkout);
                 return Err(PgError::fatal(
                     e.sqlstate(),
@@ -1278,11 +1481,6 @@ impl Session {
                 ));
             }
         }
-        if !settings.is_empty() {
-            let changed = self.params.after_sync(conn, &self.defaults);
-            report_parameters(client, changed).await?;
-        }
-        self.params.mark_in_line(conn, &self.defaults);
         self.registration
             .handle
             .set_server(Some(checkout.conn.summary().clone()));
@@ -1521,6 +1719,79 @@ async fn server_io(
         tokio_util::io::poll_read_buf(Pin::new(&mut *stream), cx, out_buf).map_ok(ServerIo::Read)
     })
     .await
+}
+
+/// The serve loop's timers (see [`Deadline`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Timer {
+    /// client_idle_timeout.
+    IdleSession,
+    /// idle_transaction_timeout.
+    IdleTransaction,
+    /// client_message_timeout: part of a message held against
+    /// max_buffered_total.
+    PartialMessage,
+}
+
+/// A running timer of the serve loop: it keeps its deadline while the
+/// client stays in the state it times, whatever else the turns bring.
+#[derive(Debug, Clone, Copy)]
+struct Deadline {
+    timer: Timer,
+    limit: std::time::Duration,
+    at: tokio::time::Instant,
+}
+
+impl Deadline {
+    /// The error that ends the session when it fires.
+    fn error(&self) -> PgError {
+        match self.timer {
+            Timer::IdleSession => idle_session_timeout(),
+            Timer::IdleTransaction => idle_in_transaction_timeout(),
+            Timer::PartialMessage => message_timeout(self.limit),
+        }
+    }
+
+    /// The timer `want` asks for (none: no timer): `running` if it is that
+    /// timer with that limit and nothing restarts it, else one that starts
+    /// now.
+    fn keep_or_start(
+        running: Option<Deadline>,
+        want: Option<(Timer, std::time::Duration)>,
+        restart: bool,
+    ) -> Option<Deadline> {
+        let (timer, limit) = want?;
+        match running {
+            Some(d) if d.timer == timer && d.limit == limit && !restart => Some(d),
+            _ => Some(Deadline {
+                timer,
+                limit,
+                at: tokio::time::Instant::now() + limit,
+            }),
+        }
+    }
+}
+
+fn left_while_waiting() -> PgError {
+    PgError::server_only(
+        sqlstate::CONNECTION_FAILURE,
+        "the client closed its connection while it waited for a server connection",
+    )
+}
+
+/// A client that stopped in the middle of a large message: as PostgreSQL
+/// ends a client idle in the middle of one (idle_session_timeout, whose
+/// SQLSTATE this is), with usher's reason.
+fn message_timeout(limit: std::time::Duration) -> PgError {
+    PgError::fatal(
+        sqlstate::IDLE_SESSION_TIMEOUT,
+        "terminating connection: the client did not finish its message in time",
+    )
+    .with_detail(format!(
+        "usher held part of a message larger than {} KiB for it (against max_buffered_total) longer than client_message_timeout ({}s)",
+        budget::FREE_BYTES / 1024,
+        limit.as_secs_f64()
+    ))
 }
 
 fn idle_session_timeout() -> PgError {

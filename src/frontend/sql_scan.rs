@@ -35,6 +35,22 @@ pub struct Effects {
     pub unpins: PinKinds,
     /// It may run a prepared statement by name ([`execute_references`]).
     pub executes: bool,
+    /// Settings it may reset, in order: on a server connection a reset
+    /// returns to the server's default, where on a direct connection it
+    /// returns to the value the session started with.
+    pub resets: Vec<Reset>,
+}
+
+/// A reset a statement may do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reset {
+    /// RESET name, SET [SESSION | LOCAL] name TO DEFAULT (`local`: SET
+    /// LOCAL): the name, unquoted parts lower case.
+    One { name: String, local: bool },
+    /// RESET ALL, DISCARD ALL.
+    All,
+    /// A DO block, or a text usher did not read: it may reset anything.
+    Unknown,
 }
 
 /// Kinds of session state that tie a client to its server connection, as
@@ -131,6 +147,7 @@ impl Effects {
             pins: PinKinds::UNKNOWN,
             unpins: PinKinds::CHECKABLE,
             executes: false,
+            resets: vec![Reset::Unknown],
         }
     }
 
@@ -145,6 +162,7 @@ impl Effects {
                 self.custom.push(name);
             }
         }
+        self.resets.extend(other.resets);
     }
 }
 
@@ -196,6 +214,9 @@ pub fn scan(sql: &[u8]) -> Effects {
                     statement_start = false;
                     words_in_statement = 1;
                     effects.note_first(first);
+                    if matches!(first, Word::Set | Word::Reset | Word::Discard) {
+                        effects.resets.extend(reset_at(sql, at));
+                    }
                 } else {
                     words_in_statement += 1;
                     if words_in_statement == 2 {
@@ -283,9 +304,10 @@ impl Effects {
                 self.unpins |= PinKinds::CHECKABLE;
             }
             Word::Do => {
-                // The body is not read: it may set or leave anything.
+                // The body is not read: it may set, reset or leave anything.
                 self.settings = true;
                 self.pins |= PinKinds::UNKNOWN;
+                self.resets.push(Reset::Unknown);
             }
             Word::Listen => self.pins |= PinKinds::LISTEN,
             Word::Unlisten => self.unpins |= PinKinds::LISTEN,
@@ -314,6 +336,142 @@ impl Effects {
                 self.custom.push(name);
             }
         }
+    }
+}
+
+/// The reset a SET, RESET or DISCARD statement at `at` does, if any:
+/// RESET name / ALL, RESET TIME ZONE / SESSION AUTHORIZATION, DISCARD ALL,
+/// SET [SESSION | LOCAL] name {TO | =} DEFAULT, SET TIME ZONE {DEFAULT |
+/// LOCAL}, SET SESSION AUTHORIZATION DEFAULT, SET NAMES DEFAULT.
+fn reset_at(sql: &[u8], at: usize) -> Option<Reset> {
+    let mut t = Tokens { sql, at };
+    let one = |name: &str, local: bool| {
+        Some(Reset::One {
+            name: name.to_string(),
+            local,
+        })
+    };
+    match t.name()?.as_str() {
+        "discard" => t.next_is("all").then_some(Reset::All),
+        "reset" => match t.name()?.as_str() {
+            "all" => Some(Reset::All),
+            "time" if t.next_is("zone") => one("timezone", false),
+            "session" if t.next_is("authorization") => one("session_authorization", false),
+            name => one(name, false),
+        },
+        "set" => {
+            let mut name = t.name()?;
+            let mut local = false;
+            if name == "local" || name == "session" && !t.peek_is("authorization") {
+                local = name == "local";
+                name = t.name()?;
+            }
+            let name = match name.as_str() {
+                "time" if t.next_is("zone") => {
+                    return (t.next_is("default") || t.next_is("local")).then(|| Reset::One {
+                        name: "timezone".into(),
+                        local,
+                    });
+                }
+                "session" if t.next_is("authorization") => "session_authorization".into(),
+                "names" => "client_encoding".into(),
+                _ => {
+                    if !t.next_is("=") && !t.next_is("to") {
+                        return None;
+                    }
+                    name
+                }
+            };
+            t.next_is("default").then_some(Reset::One { name, local })
+        }
+        _ => None,
+    }
+}
+
+/// The tokens at the head of a statement, for [`reset_at`]: names
+/// (dotted, unquoted parts lower case, quoted ones as written) and single
+/// punctuation; whitespace and comments skipped.
+struct Tokens<'a> {
+    sql: &'a [u8],
+    at: usize,
+}
+
+impl Tokens<'_> {
+    fn skip_space(&mut self) {
+        loop {
+            match self.sql.get(self.at) {
+                Some(b) if b.is_ascii_whitespace() => self.at += 1,
+                Some(b'-') if self.sql.get(self.at + 1) == Some(&b'-') => {
+                    self.at = skip_line(self.sql, self.at)
+                }
+                Some(b'/') if self.sql.get(self.at + 1) == Some(&b'*') => {
+                    self.at = skip_block_comment(self.sql, self.at)
+                }
+                _ => return,
+            }
+        }
+    }
+
+    /// One part of a name: a word (lower case) or a quoted identifier.
+    fn part(&mut self) -> Option<String> {
+        let b = *self.sql.get(self.at)?;
+        if b == b'"' {
+            let end = skip_quoted(self.sql, self.at, b'"', false);
+            let inner = &self.sql[self.at + 1..end.saturating_sub(1).max(self.at + 1)];
+            self.at = end;
+            Some(String::from_utf8_lossy(inner).replace("\"\"", "\""))
+        } else if is_word_start(b) {
+            let end = word_end(self.sql, self.at);
+            let word = String::from_utf8_lossy(&self.sql[self.at..end]).to_lowercase();
+            self.at = end;
+            Some(word)
+        } else {
+            None
+        }
+    }
+
+    /// The next name (`app.x`, `"DateStyle"`), or `None`.
+    fn name(&mut self) -> Option<String> {
+        self.skip_space();
+        let mut name = self.part()?;
+        loop {
+            let at = self.at;
+            self.skip_space();
+            if self.sql.get(self.at) != Some(&b'.') {
+                self.at = at;
+                return Some(name);
+            }
+            self.at += 1;
+            self.skip_space();
+            name.push('.');
+            name.push_str(&self.part()?);
+        }
+    }
+
+    /// Whether the next token is `word` (a lower-case word, or `=`); taken
+    /// if so.
+    fn next_is(&mut self, word: &str) -> bool {
+        self.skip_space();
+        let at = self.at;
+        let len = if word == "=" {
+            usize::from(self.sql.get(at) == Some(&b'='))
+        } else if self.sql.get(at).is_some_and(|b| is_word_start(*b))
+            && self.sql[at..word_end(self.sql, at)].eq_ignore_ascii_case(word.as_bytes())
+        {
+            word.len()
+        } else {
+            0
+        };
+        self.at += len;
+        len > 0
+    }
+
+    /// Whether the next token is `word`, without taking it.
+    fn peek_is(&mut self, word: &str) -> bool {
+        let at = self.at;
+        let is = self.next_is(word);
+        self.at = at;
+        is
     }
 }
 
@@ -898,6 +1056,64 @@ fn statement_end(sql: &[u8], mut at: usize) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn one(name: &str, local: bool) -> Reset {
+        Reset::One {
+            name: name.into(),
+            local,
+        }
+    }
+
+    #[test]
+    fn resets_are_seen_with_their_names() {
+        let resets = |sql: &str| scan(sql.as_bytes()).resets;
+        assert_eq!(
+            resets("RESET statement_timeout"),
+            [one("statement_timeout", false)]
+        );
+        assert_eq!(resets("reset \"DateStyle\""), [one("DateStyle", false)]);
+        assert_eq!(resets("RESET app . x"), [one("app.x", false)]);
+        assert_eq!(resets("RESET ALL"), [Reset::All]);
+        assert_eq!(resets("discard all"), [Reset::All]);
+        assert_eq!(resets("DISCARD PLANS"), []);
+        assert_eq!(resets("RESET TIME ZONE"), [one("timezone", false)]);
+        assert_eq!(
+            resets("RESET SESSION AUTHORIZATION"),
+            [one("session_authorization", false)]
+        );
+        assert_eq!(resets("SET x.y TO DEFAULT"), [one("x.y", false)]);
+        assert_eq!(
+            resets("set local DateStyle=default"),
+            [one("datestyle", true)]
+        );
+        assert_eq!(
+            resets("SET SESSION work_mem = DEFAULT"),
+            [one("work_mem", false)]
+        );
+        assert_eq!(resets("SET TIME ZONE LOCAL"), [one("timezone", false)]);
+        assert_eq!(
+            resets("SET LOCAL TIME ZONE DEFAULT"),
+            [one("timezone", true)]
+        );
+        assert_eq!(resets("SET TIME ZONE 'UTC'"), []);
+        assert_eq!(
+            resets("SET SESSION AUTHORIZATION DEFAULT"),
+            [one("session_authorization", false)]
+        );
+        assert_eq!(resets("SET NAMES DEFAULT"), [one("client_encoding", false)]);
+        assert_eq!(resets("SET work_mem TO 'default'"), []);
+        assert_eq!(resets("SET work_mem TO default_x"), []);
+        assert_eq!(
+            resets("SET /* c */ work_mem -- c\n TO DEFAULT"),
+            [one("work_mem", false)]
+        );
+        assert_eq!(
+            resets("SELECT 1; RESET a; SET b = 1; SET LOCAL c TO DEFAULT; DO $$ $$"),
+            [one("a", false), one("c", true), Reset::Unknown]
+        );
+        assert_eq!(resets("SELECT 'RESET ALL'"), []);
+        assert_eq!(Effects::unknown().resets, [Reset::Unknown]);
+    }
 
     #[test]
     fn every_keyword_is_found_in_any_case_and_nothing_else() {

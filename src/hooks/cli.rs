@@ -39,13 +39,14 @@ pub enum HooksCommand {
 fn services(config: &Config) -> Arc<LuaServices> {
     let q = config.hooks.query.as_ref();
     Arc::new(LuaServices {
-        shared: SharedStore::new(config.hooks.shared_max_keys),
+        shared: SharedStore::new(config.hooks.shared_max_keys, config.hooks.shared_max_bytes),
         roles: Arc::new(RoleCache::default()),
         query: Arc::new(QueryPool::new(
             config.hook_query_connection(),
             1,
             Duration::from_millis(q.map_or(1000, |q| q.timeout_ms)),
         )),
+        threads: super::lua::HookThreads::new(),
     })
 }
 

@@ -282,6 +282,10 @@ fn describe() {
         "Hook calls stopped by their time budget"
     );
     describe_counter!("usher_hook_rejects_total", "Clients rejected by a hook");
+    describe_gauge!(
+        crate::hooks::lua::threads::STUCK_GAUGE,
+        "Hook threads set aside, still in a call past its deadline (one long C call)"
+    );
     describe_histogram!(HOOK_DURATION, Unit::Seconds, "Duration of hook calls");
 }
 

@@ -312,7 +312,7 @@ impl Pool {
             return Ok(p.clone());
         }
         let checkout = self.checkout().await?;
-        let params = Arc::new(checkout.conn.params().clone());
+        let params = Arc::new(checkout.conn.params().base().clone());
         self.checkin(checkout);
         Ok(self.server_params.get_or_init(|| params).clone())
     }
@@ -525,7 +525,7 @@ impl Pool {
         if target == crate::config::TargetSessionAttrs::Any {
             return true;
         }
-        match backend::hosts::reported_read_only(conn.params()) {
+        match backend::hosts::reported_read_only(conn.params().now()) {
             Some(ro) if !target.fits(ro) => {
                 tracing::info!(
                     server = conn.id(),
@@ -572,16 +572,8 @@ impl Pool {
         if query.is_empty() {
             return self.checkin(checkout);
         }
-        match checkout.conn.simple_query(&query).await {
-            Ok(()) => {
-                // The reset (DISCARD ALL by default) took usher's settings
-                // of unreported parameters with it: forget them, or the
-                // next session with the same value would not set it again.
-                if let Some(reported) = self.server_params.get() {
-                    checkout.conn.forget_unreported(reported);
-                }
-                self.checkin(checkout)
-            }
+        match checkout.conn.reset_session(&query).await {
+            Ok(()) => self.checkin(checkout),
             Err(e) => {
                 tracing::warn!(server = checkout.conn.id(), code = e.sqlstate(), error = %e, "server_reset_query failed; closing the connection");
                 self.discard(checkout);
@@ -594,12 +586,9 @@ impl Pool {
     /// `server_reset_query` says (it is session mode's, and may not end
     /// LISTEN, locks or temporary tables); closed if that fails.
     pub async fn reset_pinned_and_checkin(&self, mut checkout: Checkout) {
-        match checkout.conn.simple_query("DISCARD ALL").await {
+        match checkout.conn.reset_session("DISCARD ALL").await {
             Ok(()) => {
                 checkout.conn.prepared_mut().clear();
-                if let Some(reported) = self.server_params.get() {
-                    checkout.conn.forget_unreported(reported);
-                }
                 self.checkin(checkout)
             }
             Err(e) => {

@@ -1,6 +1,7 @@
 //! Errors that reach a client as an ErrorResponse.
 
 use bytes::{BufMut, BytesMut};
+use std::borrow::Cow;
 use std::fmt;
 
 /// SQLSTATE codes usher uses (see ../shared/REFERENCE.md).
@@ -191,6 +192,18 @@ fn escape(s: &str, max: usize, all: bool) -> String {
     out
 }
 
+/// A name the client chose (user, database), as an error quotes it: every
+/// control character escaped (`\x0a`), so that no error carries a line
+/// break or an escape sequence the client sent. Names are bounded already
+/// (63 bytes, startup.rs): nothing is cut.
+pub fn shown_name(s: &str) -> Cow<'_, str> {
+    if s.chars().any(char::is_control) {
+        Cow::Owned(escape(s, usize::MAX, true))
+    } else {
+        Cow::Borrowed(s)
+    }
+}
+
 /// Client input as it may appear in an error message: at most `max` bytes
 /// (then `...`), every control character escaped (`\x1b`), so that an error
 /// never echoes raw or unbounded bytes. PostgreSQL quotes names as they
@@ -257,6 +270,8 @@ mod tests {
             shown(&"x".repeat(100), 10),
             format!("{}...", "x".repeat(10))
         );
+        assert_eq!(shown_name("alice"), "alice");
+        assert_eq!(shown_name("a\nb\r\t\x1b[2J"), "a\\x0ab\\x0d\\x09\\x1b[2J");
         // An escape is never cut in half.
         assert_eq!(shown("abcdefgh\x01", 10), "abcdefgh...");
     }

@@ -29,6 +29,9 @@ pub struct Walked {
     pub forward: usize,
     /// A visitor asked to stop.
     pub stopped: bool,
+    /// The last byte of at least one message was walked (a message came
+    /// in whole: what resets an idle timer, unlike bytes of one unfinished).
+    pub ended: bool,
 }
 
 /// Tracks message boundaries across reads of one direction of a connection.
@@ -108,6 +111,7 @@ impl FrameWalker {
         mut visit: impl FnMut(u8, &[u8]) -> Visit,
     ) -> Result<Walked, PgError> {
         let mut pos = 0;
+        let mut ended = false;
         loop {
             if self.skip > 0 {
                 let take = self.skip.min(buf.len() - pos);
@@ -116,6 +120,7 @@ impl FrameWalker {
                 if self.skip > 0 {
                     break;
                 }
+                ended = true;
             }
             if buf.len() - pos < 5 {
                 break;
@@ -156,6 +161,7 @@ impl FrameWalker {
                 let step = visit(tag, &buf[pos + 5..pos + total]);
                 if step != Visit::StopBefore {
                     pos += total;
+                    ended = true;
                 }
                 step
             } else {
@@ -163,6 +169,7 @@ impl FrameWalker {
                 if step != Visit::StopBefore {
                     pos += 5;
                     self.skip = len - 4;
+                    ended |= self.skip == 0;
                 }
                 step
             };
@@ -172,16 +179,19 @@ impl FrameWalker {
                     let take = self.skip.min(buf.len() - pos);
                     pos += take;
                     self.skip -= take;
+                    ended |= self.skip == 0;
                 }
                 return Ok(Walked {
                     forward: pos,
                     stopped: true,
+                    ended,
                 });
             }
         }
         Ok(Walked {
             forward: pos,
             stopped: false,
+            ended,
         })
     }
 }
@@ -224,7 +234,8 @@ mod tests {
             r,
             Walked {
                 forward: 0,
-                stopped: true
+                stopped: true,
+                ended: false,
             }
         );
         assert_eq!(seen, [(b'B', b"\0s1\0par".to_vec())]);
@@ -233,7 +244,7 @@ mod tests {
         let r = w
             .walk_peeking(&data[9..], wants, |_, _| Visit::Forward)
             .unwrap();
-        assert_eq!(r.forward, data.len() - 9);
+        assert_eq!((r.forward, r.ended), (data.len() - 9, true));
         assert!(w.at_boundary());
     }
 
@@ -266,7 +277,11 @@ mod tests {
                 },
             )
             .unwrap();
-        assert_eq!(r.forward, 30);
+        assert_eq!(
+            (r.forward, r.ended),
+            (30, false),
+            "a message begun, none ended"
+        );
         // Second piece: the rest, plus half of ReadyForQuery: it waits.
         let rest = &data[30..data.len() - 2];
         let r = w
@@ -279,7 +294,7 @@ mod tests {
                 },
             )
             .unwrap();
-        assert_eq!(r.forward, 75);
+        assert_eq!((r.forward, r.ended), (75, true), "the DataRow ended");
         let r = w
             .walk(
                 &data[105..],
@@ -294,7 +309,8 @@ mod tests {
             r,
             Walked {
                 forward: 6,
-                stopped: true
+                stopped: true,
+                ended: true,
             }
         );
         assert_eq!(seen, vec![(b'D', vec![]), (b'Z', b"I".to_vec())]);
@@ -349,7 +365,8 @@ mod tests {
             r,
             Walked {
                 forward: 14,
-                stopped: true
+                stopped: true,
+                ended: true,
             }
         );
     }

@@ -1,7 +1,8 @@
 //! A canary client beside a failure-path test: one connection through
 //! usher running `select 1` every 10 ms on a thread and runtime of its own
 //! (so nothing the test does can slow it), and, every 100 ms, a fresh
-//! login to the admin console (which needs no server connection). [`Canary::check`] fails the test if any of them took longer than
+//! login to the admin console (which needs no server connection).
+//! [`Canary::check`] fails the test if any of them took longer than
 //! [`STALL`]: whatever one client does, the others must never notice.
 //!
 //! The canary logs in as bob, whose pool is his own: a test that holds all
@@ -116,6 +117,12 @@ async fn run(
             return report;
         }
     };
+    // Warm: bob's pool opens its server connection now, not during the
+    // first watched query.
+    if let Err(e) = client.simple_query("select 1").await {
+        report.failure = Some(format!("the first select 1: {e}"));
+        return report;
+    }
     let _ = ready.send(());
     let mut turn = 0u64;
     while !stop.load(Ordering::Relaxed) {

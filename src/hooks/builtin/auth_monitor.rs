@@ -16,7 +16,7 @@ use crate::auth::{AuthAttempt, AuthOutcome};
 use crate::config::AuthMonitorConfig;
 use crate::hooks::roles::RoleCache;
 use crate::hooks::{Event, Hook, HookError};
-use crate::protocol::error::sqlstate;
+use crate::protocol::error::{shown_name, sqlstate};
 use crate::protocol::PgError;
 use async_trait::async_trait;
 use parking_lot::Mutex;
@@ -120,7 +120,10 @@ impl AuthMonitor {
         let locked = local.or_else(|| self.store.as_ref()?.locked(user, addr, now))?;
         let (message, until) = match locked {
             Locked::Role { until } => (
-                format!("too many failed login attempts for user \"{}\"", clip(user)),
+                format!(
+                    "too many failed login attempts for user \"{}\"",
+                    shown_name(clip(user))
+                ),
                 until,
             ),
             Locked::Address { until } => (

@@ -13,6 +13,7 @@ use crate::config::{BlockAction, BlockRuleConfig, BlockingConfig, ConfigIssue, M
 use crate::hooks::query::QueryPool;
 use crate::hooks::roles::{RoleCache, RoleGraph};
 use crate::hooks::{ClientInfo, ConnectionCtx, Event, Hook, HookError, Rejection};
+use crate::protocol::error::shown_name;
 use crate::protocol::error::sqlstate;
 use crate::protocol::PgError;
 use arc_swap::{ArcSwap, ArcSwapOption};
@@ -298,7 +299,9 @@ impl Rule {
             message: self.message.clone().unwrap_or_else(|| {
                 format!(
                     "connection of user \"{}\" to database \"{}\" refused by usher's rule \"{}\"",
-                    c.user, c.database, self.name
+                    shown_name(&c.user),
+                    shown_name(&c.database),
+                    self.name
                 )
             }),
             sqlstate: self.sqlstate.clone(),

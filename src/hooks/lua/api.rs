@@ -103,8 +103,9 @@ pub(super) fn usher_table(lua: &Lua, services: Arc<LuaServices>) -> mlua::Result
                     )))
                 }
             };
-            s.shared.set(&key, value, ttl_of(ttl)?);
-            Ok(())
+            s.shared
+                .set(&key, value, ttl_of(ttl)?)
+                .map_err(mlua::Error::runtime)
         })?,
     )?;
     let s = services.clone();

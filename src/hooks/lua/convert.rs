@@ -192,9 +192,35 @@ impl Record<'_> {
     }
 }
 
+/// What a client's vars take against `hooks.vars_max_bytes`: their keys'
+/// and values' bytes (a number or boolean counts 8), summed as they are
+/// read back, so that a huge value is refused before it is copied, and
+/// never kept for the client's life.
+struct VarsBudget {
+    used: usize,
+    max: usize,
+}
+
+impl VarsBudget {
+    fn take(&mut self, key: usize, value: usize) -> mlua::Result<()> {
+        self.used = self.used.saturating_add(key).saturating_add(value);
+        if self.used > self.max {
+            return Err(mlua::Error::runtime(format!(
+                "ctx.vars holds more than {} bytes (hooks.vars_max_bytes); they are not kept",
+                self.max
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A number's or boolean's bytes against the bound.
+const SCALAR_BYTES: usize = 8;
+
 /// Reads the decisions of the call that just ran, recorded by the
-/// prelude's ctx methods (see prelude.lua's `state`).
-pub(super) fn collect(vm: &Vm) -> mlua::Result<Collected> {
+/// prelude's ctx methods (see prelude.lua's `state`). The vars, if read
+/// back, must fit in `max_vars` bytes.
+pub(super) fn collect(vm: &Vm, max_vars: usize) -> mlua::Result<Collected> {
     let mut out = Collected {
         vars: None,
         params: Vec::new(),
@@ -237,7 +263,7 @@ pub(super) fn collect(vm: &Vm) -> mlua::Result<Collected> {
                     // unpacked were not changed: the caller keeps its own).
                     let ctx: Table = vm.state.raw_get(1)?;
                     out.vars = Some(match ctx.raw_get::<Value>(&vm.names.vars)? {
-                        Value::Table(t) => read_vars(vm, &t)?,
+                        Value::Table(t) => read_vars(vm, &t, max_vars)?,
                         _ => Vars::new(),
                     });
                 }
@@ -256,8 +282,9 @@ pub(super) fn collect(vm: &Vm) -> mlua::Result<Collected> {
 /// here; anything else (a metatable, other keys, floats, which Lua's
 /// tostring rounds, values that are refused) through the prelude's
 /// encoder, as Lua itself would see them.
-fn read_vars(vm: &Vm, t: &Table) -> mlua::Result<Vars> {
+fn read_vars(vm: &Vm, t: &Table, max: usize) -> mlua::Result<Vars> {
     let mut vars = Vars::new();
+    let mut budget = VarsBudget { used: 0, max };
     let mut plain = t.metatable().is_none();
     if plain {
         t.for_each::<Value, Value>(|k, v| {
@@ -265,10 +292,20 @@ fn read_vars(vm: &Vm, t: &Table) -> mlua::Result<Vars> {
                 plain = false;
                 return Ok(());
             };
+            let key = k.as_bytes().len();
             let value = match v {
-                Value::String(s) => VarValue::Str(s.to_string_lossy()),
-                Value::Integer(i) => VarValue::Int(i),
-                Value::Boolean(b) => VarValue::Bool(b),
+                Value::String(s) => {
+                    budget.take(key, s.as_bytes().len())?;
+                    VarValue::Str(s.to_string_lossy())
+                }
+                Value::Integer(i) => {
+                    budget.take(key, SCALAR_BYTES)?;
+                    VarValue::Int(i)
+                }
+                Value::Boolean(b) => {
+                    budget.take(key, SCALAR_BYTES)?;
+                    VarValue::Bool(b)
+                }
                 _ => {
                     plain = false;
                     return Ok(());
@@ -282,6 +319,7 @@ fn read_vars(vm: &Vm, t: &Table) -> mlua::Result<Vars> {
         return Ok(vars);
     }
     let blob: LuaString = vm.encode_vars.call(t)?;
+    let mut budget = VarsBudget { used: 0, max };
     let mut it = items(&blob.as_bytes())?.into_iter();
     let mut vars = Vars::new();
     while let (Some(kind), Some(key), Some(value)) = (it.next(), it.next(), it.next()) {
@@ -299,6 +337,11 @@ fn read_vars(vm: &Vm, t: &Table) -> mlua::Result<Vars> {
             "b" => VarValue::Bool(value == "true"),
             _ => VarValue::Str(value),
         };
+        let bytes = match &value {
+            VarValue::Str(s) => s.len(),
+            _ => SCALAR_BYTES,
+        };
+        budget.take(key.len(), bytes)?;
         vars.insert(key, value);
     }
     Ok(vars)

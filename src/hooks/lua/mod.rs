@@ -1,17 +1,25 @@
-//! The Lua engine: hook files from `hooks.dir`, run in sandboxed VMs.
+//! The Lua engine: hook files from `hooks.dir`, run in sandboxed VMs on
+//! hook threads.
 //!
 //! Every `*.lua` file directly in the folder is a hook, loaded in file-name
-//! order; its global functions named after events are its handlers. Each
-//! call borrows a whole VM from a pool (no VM is ever shared between
-//! threads behind a lock), so hooks on different connections run in
-//! parallel, and a hook waiting on `usher.query` blocks nothing else. A VM
-//! whose call ran out of time or memory is thrown away; the next call
-//! builds a fresh one.
+//! order; its global functions named after events are its handlers. Lua
+//! never runs on a runtime worker: each call is a job for the hook threads
+//! ([`threads`]), which borrows a whole VM from the engine's pool (no VM is
+//! ever shared between threads behind a lock), so hooks on different
+//! connections run in parallel, and a hook waiting on `usher.query` blocks
+//! no worker. The client's task awaits the answer until the call's
+//! deadline. A VM whose call ran out of time or memory is thrown away on
+//! its thread, after the client has its answer; the next call builds a
+//! fresh one (its files' top level run again, on the hook thread, within
+//! that call's budget). Loading (at start, `usher hooks check`, RELOAD)
+//! runs the files' top level once, under the same budget and memory limit.
 
 mod api;
 mod convert;
+pub(crate) mod threads;
 mod vm;
 
+pub use threads::HookThreads;
 pub use vm::HookSource;
 
 use super::query::QueryPool;
@@ -24,14 +32,17 @@ use parking_lot::Mutex;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use vm::Vm;
+use threads::NoAnswer;
+use vm::{Overran, Vm, VmError};
 
-/// What hooks can reach beyond their VM; lives across reloads.
+/// What hooks can reach beyond their VM, and the threads they run on;
+/// lives across reloads.
 #[derive(Debug)]
 pub struct LuaServices {
     pub shared: SharedStore,
     pub roles: Arc<RoleCache>,
     pub query: Arc<QueryPool>,
+    pub threads: HookThreads,
 }
 
 /// Limits of the engine (from `hooks:`).
@@ -42,6 +53,8 @@ pub struct LuaSettings {
     pub memory_limit: usize,
     /// Idle VMs kept for reuse.
     pub max_idle_vms: usize,
+    /// The bytes a client's `ctx.vars` may hold (keys and values).
+    pub vars_max_bytes: usize,
 }
 
 impl LuaSettings {
@@ -54,6 +67,7 @@ impl LuaSettings {
             timeout: Duration::from_millis(h.timeout_ms),
             memory_limit: h.memory_limit_mb * 1024 * 1024,
             max_idle_vms: if h.vms == 0 { cores * 2 } else { h.vms },
+            vars_max_bytes: h.vars_max_bytes,
         }
     }
 }
@@ -118,14 +132,24 @@ pub fn read_sources(dir: &Path) -> Result<Vec<HookSource>, LoadError> {
 }
 
 /// Compiles every file on its own (so every broken file is reported, with
-/// its line), then runs them all in one VM. Used by load and `usher hooks check`.
+/// its line), then runs their top level in one VM, within the time budget
+/// and under the memory limit. `usher hooks check`.
 pub fn check(
     sources: &[HookSource],
     settings: &LuaSettings,
     services: Arc<LuaServices>,
 ) -> Result<(), Vec<LoadError>> {
+    build(sources, settings, services).map(drop)
+}
+
+/// [`check`], keeping the VM: the engine's first.
+fn build(
+    sources: &[HookSource],
+    settings: &LuaSettings,
+    services: Arc<LuaServices>,
+) -> Result<Vm, Vec<LoadError>> {
     let scratch = mlua::Lua::new();
-    let mut errors: Vec<LoadError> = sources
+    let errors: Vec<LoadError> = sources
         .iter()
         .filter_map(|s| {
             scratch
@@ -140,42 +164,36 @@ pub fn check(
                 })
         })
         .collect();
-    if errors.is_empty() {
-        if let Err(e) = Vm::new(sources, &settings.dir, settings.memory_limit, services) {
-            errors.push(LoadError {
-                file: settings.dir.display().to_string(),
-                message: e.to_string(),
-            });
-        }
+    if !errors.is_empty() {
+        return Err(errors);
     }
-    if errors.is_empty() {
-        Ok(())
-    } else {
-        Err(errors)
-    }
+    let deadline = Instant::now() + settings.timeout;
+    Vm::new(
+        sources,
+        &settings.dir,
+        settings.memory_limit,
+        services,
+        deadline,
+    )
+    .map_err(|e| {
+        vec![LoadError {
+            file: e.file.unwrap_or_else(|| settings.dir.display().to_string()),
+            message: e.message,
+        }]
+    })
 }
 
 impl LuaEngine {
     /// Loads the hook files of `settings.dir`; any error keeps the caller's
-    /// current engine in place.
+    /// current engine in place. Runs the files' top level (under the
+    /// budget) on the calling thread: a caller on the runtime hands it to
+    /// a blocking thread (App::reload).
     pub fn load(
         settings: LuaSettings,
         services: Arc<LuaServices>,
     ) -> Result<Arc<LuaEngine>, Vec<LoadError>> {
         let sources = read_sources(&settings.dir).map_err(|e| vec![e])?;
-        check(&sources, &settings, services.clone())?;
-        let first = Vm::new(
-            &sources,
-            &settings.dir,
-            settings.memory_limit,
-            services.clone(),
-        )
-        .map_err(|e| {
-            vec![LoadError {
-                file: settings.dir.display().to_string(),
-                message: e.to_string(),
-            }]
-        })?;
+        let first = build(&sources, &settings, services.clone())?;
         let events = (0..sources.len())
             .map(|i| {
                 Event::ALL
@@ -210,7 +228,9 @@ impl LuaEngine {
         self.sources.iter().map(|s| s.name.clone()).collect()
     }
 
-    fn checkout(&self) -> Result<Vm, HookError> {
+    /// An idle VM, or a new one whose files' top level runs within the
+    /// call's `deadline`. On a hook thread.
+    fn checkout(&self, deadline: Instant) -> Result<Vm, HookError> {
         if let Some(vm) = self.idle.lock().pop() {
             return Ok(vm);
         }
@@ -219,43 +239,101 @@ impl LuaEngine {
             &self.settings.dir,
             self.settings.memory_limit,
             self.services.clone(),
+            deadline,
         )
-        .map_err(|e| HookError::Failed(e.to_string()))
+        .map_err(|e: VmError| match e.overran {
+            Some(Overran::Time) => HookError::Timeout,
+            Some(Overran::Memory) => HookError::Memory,
+            None => HookError::Failed(e.to_string()),
+        })
     }
 
-    fn checkin(&self, vm: Vm) {
+    /// Keeps `vm` for reuse, or gives it back when enough are idle (to be
+    /// dropped once the caller has its answer).
+    fn checkin(&self, vm: Vm) -> Option<Vm> {
         let mut idle = self.idle.lock();
         if idle.len() < self.settings.max_idle_vms {
             idle.push(vm);
+            None
+        } else {
+            Some(vm)
         }
     }
 
-    /// Calls file `index`'s handler for `event` through the prelude's `run`
-    /// (which looks the handler up and builds the ctx: the client's fields
-    /// and vars from a string each, unpacked on first use, and the table of
-    /// further `fields`), then lets
-    /// `collect` read the decisions back. Runs under the time budget; a VM
-    /// that ran out of time or memory is dropped.
-    async fn call<T>(
-        &self,
+    /// Calls file `index`'s handler for `event` on a hook thread, through
+    /// the prelude's `run` (which looks the handler up and builds the ctx:
+    /// the client's fields and vars from a string each, `client`'s blobs,
+    /// unpacked on first use, and the table of further `fields`), then lets
+    /// `collect` read the decisions back. Answers at the deadline at the
+    /// latest (a thread stuck in a C call is set aside, see [`threads`]).
+    async fn call<T: Send + 'static>(
+        self: &Arc<Self>,
         index: usize,
         event: Event,
-        client: Option<(&super::ClientInfo, &super::Vars)>,
+        client: Option<(String, Option<String>)>,
+        reason: Option<super::SessionReason>,
+        fields: impl FnOnce(&mlua::Lua) -> mlua::Result<Option<mlua::Table>> + Send + 'static,
+        collect: impl FnOnce(&Vm) -> mlua::Result<T> + Send + 'static,
+    ) -> Result<T, HookError> {
+        let deadline = Instant::now() + self.settings.timeout;
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return Err(HookError::Failed(
+                "hooks run only within usher's runtime".into(),
+            ));
+        };
+        let engine = self.clone();
+        let answer = self
+            .services
+            .threads
+            .run(deadline, move |reply| {
+                let (result, spent) = engine.run_call(
+                    &runtime, deadline, index, event, client, reason, fields, collect,
+                );
+                let _ = reply.send(result);
+                // After the answer: thrown away (an overrun) or, when enough
+                // are idle, dropped.
+                drop(spent);
+            })
+            .await;
+        match answer {
+            Ok(result) => result,
+            Err(NoAnswer::Late) => Err(HookError::Timeout),
+            Err(NoAnswer::Lost) => Err(HookError::Failed(
+                "the hook call ended without an answer (see usher's log)".into(),
+            )),
+        }
+    }
+
+    /// The call itself, on a hook thread: its result, and a VM to drop
+    /// once the caller has it.
+    #[allow(clippy::too_many_arguments)]
+    fn run_call<T>(
+        &self,
+        runtime: &tokio::runtime::Handle,
+        deadline: Instant,
+        index: usize,
+        event: Event,
+        client: Option<(String, Option<String>)>,
         reason: Option<super::SessionReason>,
         fields: impl FnOnce(&mlua::Lua) -> mlua::Result<Option<mlua::Table>>,
         collect: impl FnOnce(&Vm) -> mlua::Result<T>,
-    ) -> Result<T, HookError> {
-        let mut vm = self.checkout()?;
+    ) -> (Result<T, HookError>, Option<Vm>) {
+        let mut vm = match self.checkout(deadline) {
+            Ok(vm) => vm,
+            Err(e) => return (Err(e), None),
+        };
         let failed = |e: mlua::Error| HookError::Failed(e.to_string());
         let (blob, varblob) = match client {
-            Some((c, vars)) => {
-                let blob = vm.blob(convert::client_blob(c)).map_err(failed)?;
-                (Some(blob), convert::vars_blob(vars))
-            }
+            Some((blob, varblob)) => match vm.blob(blob) {
+                Ok(b) => (Some(b), varblob),
+                Err(e) => return (Err(failed(e)), self.checkin(vm)),
+            },
             None => (None, None),
         };
-        let fields = fields(&vm.lua).map_err(failed)?;
-        let deadline = Instant::now() + self.settings.timeout;
+        let fields = match fields(&vm.lua) {
+            Ok(f) => f,
+            Err(e) => return (Err(failed(e)), self.checkin(vm)),
+        };
         vm.budget.start(deadline);
         let call = vm.run.call_async::<mlua::Value>((
             &vm.files[index],
@@ -265,26 +343,36 @@ impl LuaEngine {
             reason.map(|r| vm.names.reason(r)),
             fields,
         ));
-        let outcome = tokio::time::timeout_at(deadline.into(), call).await;
+        // Awaited calls (usher.query) run on the runtime through its
+        // handle; this thread only waits for them.
+        let outcome =
+            runtime.block_on(async { tokio::time::timeout_at(deadline.into(), call).await });
         vm.budget.stop();
         let exceeded = vm.budget.was_exceeded();
         match outcome {
-            Err(_) => Err(HookError::Timeout), // an awaited call ran too long: drop the VM
-            Ok(Err(_)) if exceeded => Err(HookError::Timeout),
-            Ok(Err(e)) if is_memory_error(&e) => Err(HookError::Memory),
-            Ok(Err(e)) => {
-                self.checkin(vm);
-                Err(HookError::Failed(first_line(&e)))
-            }
-            Ok(Ok(mlua::Value::Table(t))) if t == vm.no_handler => {
-                self.checkin(vm);
-                Err(HookError::Failed(format!("no {} handler", event.name())))
-            }
+            Err(_) => (Err(HookError::Timeout), Some(vm)), // an awaited call ran too long
+            Ok(Err(_)) if exceeded => (Err(HookError::Timeout), Some(vm)),
+            Ok(Err(e)) if is_memory_error(&e) => (Err(HookError::Memory), Some(vm)),
+            Ok(Err(e)) => (Err(HookError::Failed(first_line(&e))), self.checkin(vm)),
+            Ok(Ok(mlua::Value::Table(t))) if t == vm.no_handler => (
+                Err(HookError::Failed(format!("no {} handler", event.name()))),
+                self.checkin(vm),
+            ),
             Ok(Ok(_)) => {
                 let result = collect(&vm).map_err(|e| HookError::Failed(e.to_string()));
-                self.checkin(vm);
-                result
+                (result, self.checkin(vm))
             }
+        }
+    }
+}
+
+impl Drop for LuaEngine {
+    /// The idle VMs are dropped on a hook thread: dropping a VM frees all
+    /// its memory, which is no work for a runtime worker.
+    fn drop(&mut self) {
+        let idle = std::mem::take(&mut *self.idle.lock());
+        if !idle.is_empty() {
+            self.services.threads.spawn(move || drop(idle));
         }
     }
 }
@@ -304,6 +392,11 @@ fn first_line(e: &mlua::Error) -> String {
     text.lines().next().unwrap_or_default().to_string()
 }
 
+/// The client's fields and vars as the prelude's blobs.
+fn blobs(client: &super::ClientInfo, vars: &super::Vars) -> Option<(String, Option<String>)> {
+    Some((convert::client_blob(client), convert::vars_blob(vars)))
+}
+
 /// One hook file, as a [`Hook`].
 struct LuaFileHook {
     engine: Arc<LuaEngine>,
@@ -321,28 +414,30 @@ impl Hook for LuaFileHook {
     }
 
     async fn auth_attempt(&self, attempt: &AuthAttempt) -> Result<(), HookError> {
+        let attempt = attempt.clone();
         self.engine
             .call(
                 self.index,
                 Event::AuthAttempt,
                 None,
                 None,
-                |lua| convert::auth_attempt_fields(lua, attempt),
+                move |lua| convert::auth_attempt_fields(lua, &attempt),
                 |_| Ok(()),
             )
             .await
     }
 
     async fn client_connection(&self, ctx: &mut ConnectionCtx<'_>) -> Result<(), HookError> {
+        let max_vars = self.engine.settings.vars_max_bytes;
         let out = self
             .engine
             .call(
                 self.index,
                 Event::ClientConnection,
-                Some((ctx.client, ctx.vars)),
+                blobs(ctx.client, ctx.vars),
                 None,
                 |_| Ok(None),
-                convert::collect,
+                move |vm| convert::collect(vm, max_vars),
             )
             .await?;
         if let Some(vars) = out.vars {
@@ -358,15 +453,17 @@ impl Hook for LuaFileHook {
     }
 
     async fn session_start(&self, ctx: &mut SessionCtx<'_>) -> Result<(), HookError> {
+        let max_vars = self.engine.settings.vars_max_bytes;
+        let server = ctx.server.clone();
         let out = self
             .engine
             .call(
                 self.index,
                 Event::SessionStart,
-                Some((ctx.client, ctx.vars)),
+                blobs(ctx.client, ctx.vars),
                 Some(ctx.reason),
-                |lua| convert::session_fields(lua, ctx.server.as_ref()),
-                convert::collect,
+                move |lua| convert::session_fields(lua, server.as_ref()),
+                move |vm| convert::collect(vm, max_vars),
             )
             .await?;
         if let Some(vars) = out.vars {
@@ -379,14 +476,14 @@ impl Hook for LuaFileHook {
     }
 
     async fn session_end(&self, ctx: &SessionEndCtx<'_>) -> Result<(), HookError> {
-        let (client, vars, duration) = (ctx.client, ctx.vars, ctx.duration);
+        let duration = ctx.duration;
         self.engine
             .call(
                 self.index,
                 Event::SessionEnd,
-                Some((client, vars)),
+                blobs(ctx.client, ctx.vars),
                 None,
-                |lua| {
+                move |lua| {
                     let t = lua.create_table()?;
                     t.raw_set("duration_ms", duration.as_millis() as i64)?;
                     Ok(Some(t))
@@ -402,6 +499,14 @@ mod tests {
     use super::*;
 
     fn engine(code: &str, timeout_ms: u64, memory_mb: usize) -> Arc<LuaEngine> {
+        load(code, timeout_ms, memory_mb).unwrap()
+    }
+
+    fn load(
+        code: &str,
+        timeout_ms: u64,
+        memory_mb: usize,
+    ) -> Result<Arc<LuaEngine>, Vec<LoadError>> {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("10-test.lua"), code).unwrap();
         let settings = LuaSettings {
@@ -409,13 +514,15 @@ mod tests {
             timeout: Duration::from_millis(timeout_ms),
             memory_limit: memory_mb * 1024 * 1024,
             max_idle_vms: 2,
+            vars_max_bytes: 100,
         };
         let services = Arc::new(LuaServices {
-            shared: SharedStore::new(10),
+            shared: SharedStore::new(10, 1 << 20),
             roles: Arc::new(RoleCache::default()),
             query: Arc::new(QueryPool::new(None, 1, Duration::from_secs(1))),
+            threads: HookThreads::new(),
         });
-        LuaEngine::load(settings, services).unwrap()
+        LuaEngine::load(settings, services)
     }
 
     async fn run(engine: &Arc<LuaEngine>) -> Result<(), HookError> {
@@ -445,6 +552,101 @@ mod tests {
         assert_eq!(run(&e).await, Err(HookError::Memory));
         // The next call gets a fresh VM.
         assert_eq!(run(&e).await, Err(HookError::Memory));
+    }
+
+    #[test]
+    fn a_top_level_that_runs_away_fails_the_load_naming_the_file() {
+        for (code, timeout_ms, what) in [
+            (
+                "while true do end",
+                100,
+                "ran past the time budget (hooks.timeout_ms)",
+            ),
+            (
+                "while true do pcall(function() while true do end end) end",
+                100,
+                "ran past the time budget (hooks.timeout_ms)",
+            ),
+            (
+                "local t = {} for i = 1, 1e9 do t[i] = string.rep('x', 4096) .. i end",
+                5000,
+                "exceeded the memory limit (hooks.memory_limit_mb)",
+            ),
+        ] {
+            let errors = load(code, timeout_ms, 8).err().expect(code);
+            assert_eq!(errors.len(), 1, "{code}");
+            assert!(errors[0].file.ends_with("10-test.lua"), "{errors:?}");
+            assert!(errors[0].message.contains(what), "{code}: {errors:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn hooks_run_on_hook_threads() {
+        let e = engine("function auth_attempt(ctx) end", 1000, 8);
+        let thread = e
+            .call(
+                0,
+                Event::AuthAttempt,
+                None,
+                None,
+                |_| {
+                    assert_eq!(std::thread::current().name(), Some("usher-hook"));
+                    Ok(None)
+                },
+                |_| Ok(std::thread::current().name().map(str::to_string)),
+            )
+            .await;
+        assert_eq!(thread, Ok(Some("usher-hook".to_string())));
+    }
+
+    #[tokio::test]
+    async fn finalizers_are_refused() {
+        let e = engine(
+            "function auth_attempt(ctx) setmetatable({}, { __gc = function() end }) end",
+            1000,
+            8,
+        );
+        let Err(HookError::Failed(m)) = run(&e).await else {
+            panic!()
+        };
+        assert!(m.contains("hooks may not set __gc finalizers"), "{m}");
+        // Other metatables are fine, and so is a __gc added later (Lua
+        // never runs it).
+        let e = engine(
+            "function auth_attempt(ctx) local mt = { __index = {} }; setmetatable({}, mt); mt.__gc = error end",
+            1000,
+            8,
+        );
+        assert_eq!(run(&e).await, Ok(()));
+        let errors = load("setmetatable({}, { __gc = print })", 1000, 8)
+            .err()
+            .unwrap();
+        assert!(errors[0].message.contains("__gc"), "{errors:?}");
+    }
+
+    #[tokio::test]
+    async fn vars_past_their_bound_are_a_hook_error_and_not_kept() {
+        let mut vars = super::super::Vars::new();
+        for code in [
+            "function client_connection(ctx) ctx.vars.big = string.rep('x', 101) end",
+            "function client_connection(ctx) for i = 1, 20 do ctx.vars['k' .. i] = i end end",
+            // Through the encoder (a float).
+            "function client_connection(ctx) for i = 1, 20 do ctx.vars['k' .. i] = i + 0.5 end end",
+        ] {
+            let (r, _) = connect(&hook(code), &client(), &mut vars).await;
+            assert_eq!(
+                r,
+                Err(HookError::Failed(
+                    "runtime error: ctx.vars holds more than 100 bytes (hooks.vars_max_bytes); they are not kept"
+                        .into()
+                )),
+                "{code}"
+            );
+            assert!(vars.is_empty(), "{code}");
+        }
+        let code = "function client_connection(ctx) ctx.vars.fits = string.rep('x', 96) end";
+        let (r, _) = connect(&hook(code), &client(), &mut vars).await;
+        assert_eq!((r, vars.len()), (Ok(()), 1));
     }
 
     fn client() -> super::super::ClientInfo {

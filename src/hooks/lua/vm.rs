@@ -4,7 +4,8 @@
 //! functions (time, clock, date, difftime), the `usher` API and a `require`
 //! that loads text files from the hooks folder only. There is no io, no
 //! os.execute/remove/rename/exit/getenv, no debug, no load/loadfile/dofile
-//! and no bytecode. Each call runs under a time budget, enforced by an
+//! and no bytecode, and no `__gc` finalizers. Each call, and the files' top
+//! level when a VM is built, runs under a time budget, enforced by an
 //! instruction-count hook, and the VM under a memory limit.
 
 use super::api;
@@ -85,16 +86,66 @@ pub struct HookSource {
     pub code: String,
 }
 
-/// Why a VM could not be built: a hook file failed to run (its error names
-/// the file and line), or usher's own set-up failed.
-#[derive(Debug, thiserror::Error)]
-pub(super) enum VmError {
-    #[error(transparent)]
-    Lua(#[from] mlua::Error),
-    #[error("building the sandbox: {0}")]
-    Sandbox(mlua::Error),
-    #[error("prelude: {0}")]
-    Prelude(mlua::Error),
+/// Why a VM could not be built: a hook file's top level failed or ran out
+/// of its budget (`file` names it), or usher's own set-up failed.
+#[derive(Debug)]
+pub(super) struct VmError {
+    /// The hook file (its path) whose top level failed.
+    pub file: Option<String>,
+    /// The top level ran past its time budget or memory limit.
+    pub overran: Option<Overran>,
+    pub message: String,
+}
+
+/// Which budget code ran out of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Overran {
+    Time,
+    Memory,
+}
+
+impl VmError {
+    fn setup(what: &str, e: mlua::Error) -> VmError {
+        VmError {
+            file: None,
+            overran: None,
+            message: format!("{what}: {e}"),
+        }
+    }
+
+    /// A hook file's top level failed: `e`, or the budget it ran out of.
+    fn file(source: &HookSource, budget: &Budget, e: mlua::Error) -> VmError {
+        let overran = if budget.was_exceeded() {
+            Some(Overran::Time)
+        } else if super::is_memory_error(&e) {
+            Some(Overran::Memory)
+        } else {
+            None
+        };
+        let message = match overran {
+            Some(Overran::Time) => {
+                "its top-level code ran past the time budget (hooks.timeout_ms)".to_string()
+            }
+            Some(Overran::Memory) => {
+                "its top-level code exceeded the memory limit (hooks.memory_limit_mb)".to_string()
+            }
+            None => e.to_string(),
+        };
+        VmError {
+            file: Some(source.path.display().to_string()),
+            overran,
+            message,
+        }
+    }
+}
+
+impl std::fmt::Display for VmError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.file {
+            Some(file) => write!(f, "{file}: {}", self.message),
+            None => f.write_str(&self.message),
+        }
+    }
 }
 
 /// A VM and, per hook file, the environment its globals (handlers) live in.
@@ -156,13 +207,17 @@ impl Names {
 }
 
 impl Vm {
-    /// Builds a VM and runs every hook file in it. An error names the file.
+    /// Builds a VM and runs every hook file's top level in it, under the
+    /// memory limit and within `deadline` (one budget for them all). An
+    /// error names the file.
     pub fn new(
         sources: &[HookSource],
         dir: &Path,
         memory_limit: usize,
         services: Arc<LuaServices>,
+        deadline: Instant,
     ) -> Result<Vm, VmError> {
+        let setup = |e| VmError::setup("building the sandbox", e);
         let lua = Lua::new_with(
             StdLib::TABLE
                 | StdLib::STRING
@@ -172,7 +227,8 @@ impl Vm {
                 | StdLib::OS,
             // Reuse coroutines for call_async instead of creating one per call.
             LuaOptions::new().thread_pool_size(8),
-        )?;
+        )
+        .map_err(setup)?;
         // The budget hook comes first: threads mlua creates before it is set
         // would run without it.
         let budget = Arc::new(Budget::new());
@@ -189,8 +245,9 @@ impl Vm {
                 }
                 Ok(VmState::Continue)
             },
-        )?;
-        let base = sandbox(&lua, dir, services).map_err(VmError::Sandbox)?;
+        )
+        .map_err(setup)?;
+        let base = sandbox(&lua, dir, services).map_err(setup)?;
         let (_ctx_meta, state, run, encode_vars, no_handler): (
             Table,
             Table,
@@ -202,24 +259,33 @@ impl Vm {
             .set_name("=usher prelude")
             .set_environment(base.clone())
             .eval()
-            .map_err(VmError::Prelude)?;
-        let names = Names::new(&lua).map_err(VmError::Prelude)?;
-        // Limit memory only once the sandbox exists, so the limit bounds what
-        // hooks allocate rather than usher's own set-up.
+            .map_err(|e| VmError::setup("prelude", e))?;
+        let names = Names::new(&lua).map_err(|e| VmError::setup("prelude", e))?;
+        // After the prelude, which keeps the plain setmetatable.
+        guard_finalizers(&lua, &base).map_err(setup)?;
+        // The memory limit bounds what hooks allocate, from their top level
+        // on, rather than usher's own set-up; so does the time budget.
+        lua.set_memory_limit(lua.used_memory() + memory_limit)
+            .map_err(setup)?;
         let mut files = Vec::with_capacity(sources.len());
+        budget.start(deadline);
         for source in sources {
-            let env = lua.create_table()?;
-            let meta = lua.create_table()?;
-            meta.set("__index", base.clone())?;
-            env.set_metatable(Some(meta))?;
-            lua.load(&source.code)
-                .set_name(format!("@{}", source.path.display()))
-                .set_mode(ChunkMode::Text)
-                .set_environment(env.clone())
-                .exec()?;
+            let env = (|| -> mlua::Result<Table> {
+                let env = lua.create_table()?;
+                let meta = lua.create_table()?;
+                meta.set("__index", base.clone())?;
+                env.set_metatable(Some(meta))?;
+                lua.load(&source.code)
+                    .set_name(format!("@{}", source.path.display()))
+                    .set_mode(ChunkMode::Text)
+                    .set_environment(env.clone())
+                    .exec()?;
+                Ok(env)
+            })()
+            .map_err(|e| VmError::file(source, &budget, e))?;
             files.push(env);
         }
-        lua.set_memory_limit(lua.used_memory() + memory_limit)?;
+        budget.stop();
         Ok(Vm {
             lua,
             files,
@@ -341,6 +407,35 @@ return function(...) return check(pcall(...)) end,
     base.set("xpcall", xpcall)?;
     coroutine.set("resume", resume)?;
     Ok(())
+}
+
+/// A `__gc` finalizer runs inside the garbage collector, where Lua runs no
+/// debug hook (so no time budget), at whatever call happens to collect,
+/// and at the latest when the VM is dropped: hooks may not set one. (Lua
+/// marks a table for finalization only if its metatable has `__gc` when
+/// set; one added later never runs.)
+fn guard_finalizers(lua: &Lua, base: &Table) -> mlua::Result<()> {
+    let wrap: Function = lua
+        .load(
+            r#"
+local setmetatable, rawget, type, error = ...
+return function(t, mt)
+  if type(mt) == "table" and rawget(mt, "__gc") ~= nil then
+    error("setmetatable: hooks may not set __gc finalizers (they would run outside the time budget)", 2)
+  end
+  return setmetatable(t, mt)
+end
+"#,
+        )
+        .set_name("=usher finalizer guard")
+        .into_function()?;
+    let guarded: Function = wrap.call((
+        base.get::<Function>("setmetatable")?,
+        base.get::<Function>("rawget")?,
+        base.get::<Function>("type")?,
+        base.get::<Function>("error")?,
+    ))?;
+    base.set("setmetatable", guarded)
 }
 
 /// `require("name")` loads `<hooks dir>/name.lua` (dots become folders) as

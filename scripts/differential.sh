@@ -6,7 +6,9 @@
 #   settings (default): tests/settings.rs, differential_against_postgres
 #   --extended: tests/extended_protocol.rs (issue 26: Parse/Bind/Describe/
 #     Execute/Close/Sync/Flush, transactions and DDL, beside a twin
-#     database); CONFIGS may also name `direct`, the harness's self-check
+#     database); CONFIGS may also name `direct`, the harness's self-check;
+#     LEAVE_OUT (e.g. "set_config duplicates") sets parts of the generator
+#     aside (its default: the module doc's; LEAVE_OUT= puts all back)
 #
 #   scripts/differential.sh                      # 48 seeds x 300 steps per configuration
 #   SEEDS=200 STEPS=500 scripts/differential.sh
@@ -27,6 +29,9 @@ fi
 export USHER_DIFF_SEEDS=${SEEDS:-48}
 export USHER_DIFF_STEPS=${STEPS:-300}
 export USHER_DIFF_FIRST_SEED=${FIRST_SEED:-$(( (RANDOM << 15) | RANDOM ))}
+if [ -n "${LEAVE_OUT+set}" ]; then
+  export USHER_DIFF_LEAVE_OUT=$LEAVE_OUT
+fi
 export USHER_DIFF_CONFIGS=${CONFIGS:-transaction/1 transaction/2 session/1 session/2}
 echo "$test differential run: seeds $USHER_DIFF_FIRST_SEED..$((USHER_DIFF_FIRST_SEED + USHER_DIFF_SEEDS - 1)) per configuration ($USHER_DIFF_CONFIGS), $USHER_DIFF_STEPS steps each"
 exec cargo test --test "$test" "$filter" -- --nocapture

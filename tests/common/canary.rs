@@ -108,7 +108,10 @@ async fn run(
     let mut report = Report::default();
     let console = conn_str
         .replace("user=bob", "user=admin")
-        .replace(&format!("password={}", super::BOB_PASSWORD), "password=admin-pw")
+        .replace(
+            &format!("password={}", super::BOB_PASSWORD),
+            "password=admin-pw",
+        )
         .replace("dbname=app", "dbname=usher");
     let client = match connect(&conn_str).await {
         Ok(c) => c,
@@ -128,7 +131,7 @@ async fn run(
     while !stop.load(Ordering::Relaxed) {
         turn += 1;
         let started = Instant::now();
-        let (what, outcome) = if turn % 10 == 0 {
+        let (what, outcome) = if turn.is_multiple_of(10) {
             let login = async {
                 let c = connect(&console).await?;
                 c.simple_query("SHOW VERSION")
@@ -136,7 +139,10 @@ async fn run(
                     .map(drop)
                     .map_err(|e| format!("SHOW VERSION after login: {e}"))
             };
-            ("a console login", tokio::time::timeout(GIVE_UP, login).await)
+            (
+                "a console login",
+                tokio::time::timeout(GIVE_UP, login).await,
+            )
         } else {
             let query = async {
                 client

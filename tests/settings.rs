@@ -202,32 +202,22 @@ async fn a_reset_reports_the_startup_values() {
 async fn differential_against_postgres() {
     let pg = PgCluster::shared();
     differential::schema(pg);
-    let env = |name: &str, default: u64| {
-        std::env::var(name)
-            .ok()
-            .map(|v| v.parse().unwrap_or_else(|_| panic!("{name}={v}: a number")))
-            .unwrap_or(default)
-    };
-    let steps = env("USHER_DIFF_STEPS", 200) as usize;
-    let seeds: Vec<u64> = match std::env::var("USHER_DIFF_SEED") {
-        Ok(seed) => vec![seed.parse().expect("USHER_DIFF_SEED: a number")],
-        Err(_) => {
-            let first = env("USHER_DIFF_FIRST_SEED", 1);
-            (first..first + env("USHER_DIFF_SEEDS", 4)).collect()
-        }
-    };
-    let configs = std::env::var("USHER_DIFF_CONFIGS")
-        .unwrap_or_else(|_| "transaction/1 transaction/2 session/1 session/2".into());
-    for config in configs.split_whitespace() {
+    let plan = common::differential::Plan::from_env(
+        4,
+        200,
+        "transaction/1 transaction/2 session/1 session/2",
+    );
+    for config in &plan.configs {
         let (mode, pool_size) = config.split_once('/').expect("<mode>/<pool_size>");
         let pool_size: usize = pool_size.parse().expect("a pool size");
-        for &seed in &seeds {
-            differential::run(pg, mode, pool_size, seed, steps).await;
+        for &seed in &plan.seeds {
+            differential::run(pg, mode, pool_size, seed, plan.steps).await;
         }
     }
 }
 
 mod differential {
+    use super::common::differential::Trail;
     use super::common::raw::{comparable, Msg, RawClient};
     use super::common::{wait, PgCluster, Usher};
     use rand::rngs::StdRng;
@@ -429,23 +419,6 @@ mod differential {
         local_default: bool,
     }
 
-    /// What the run did, for the failure message.
-    struct Trail {
-        what: String,
-        log: Vec<String>,
-    }
-
-    impl Trail {
-        fn fail(&self, step: usize, message: String) -> ! {
-            let from = self.log.len().saturating_sub(200);
-            panic!(
-                "{}\nfailed at step {step}: {message}\nlast steps:\n{}",
-                self.what,
-                self.log[from..].join("\n")
-            );
-        }
-    }
-
     /// What a test compares of an answer, the custom setting's NULL read
     /// as ''.
     fn normalised(
@@ -472,14 +445,11 @@ mod differential {
             &format!("pool_mode: {mode}\npool_size: {pool_size}\nauth:\n  method: trust\n"),
         )
         .await;
-        let mut trail = Trail {
-            what: format!(
+        let mut trail = Trail::new(format!(
                 "differential run: seed {seed}, pool_mode {mode}, pool_size {pool_size}, {steps} steps \
                  (replay: USHER_DIFF_SEED={seed} USHER_DIFF_CONFIGS={mode}/{pool_size} \
                  USHER_DIFF_STEPS={steps})"
-            ),
-            log: Vec::new(),
-        };
+        ));
         let mut clients: Vec<Option<Client>> = (0..4).map(|_| None).collect();
         for step in 0..steps {
             let session = mode == "session";

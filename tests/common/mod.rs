@@ -5,6 +5,7 @@
 pub mod attempts;
 pub mod canary;
 pub mod console;
+pub mod differential;
 pub mod libpq;
 pub mod raw;
 pub mod replica;

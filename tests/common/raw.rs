@@ -14,8 +14,10 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Msg {
     Parameter(String, String),
-    /// Column names.
-    Columns(Vec<String>),
+    /// RowDescription: each column's name, type OID and type modifier.
+    Columns(Vec<(String, u32, i32)>),
+    /// ParameterDescription: the parameters' type OIDs.
+    ParameterTypes(Vec<u32>),
     /// A row, values as text (NULL as `None`).
     Row(Vec<Option<String>>),
     Complete(String),
@@ -27,6 +29,8 @@ pub enum Msg {
     EmptyQuery,
     ParseComplete,
     BindComplete,
+    CloseComplete,
+    PortalSuspended,
     NoData,
     /// Anything else, by its tag (BackendKeyData, AuthenticationOk...).
     Other(char),
@@ -89,6 +93,27 @@ impl RawClient {
         self.until_ready().await
     }
 
+    /// Sends `bytes` as they are (whole messages, e.g.
+    /// `wire::Frontend::encode`'s); an error if the connection is gone.
+    pub async fn send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.stream.write_all(bytes).await
+    }
+
+    /// The next message, or `None` if none came `within` (or the
+    /// connection closed): for tests that read answers one by one.
+    pub async fn next(&mut self, within: Duration) -> Option<Msg> {
+        let (tag, body) = tokio::time::timeout(within, async {
+            let tag = self.stream.read_u8().await.ok()?;
+            let len = self.stream.read_u32().await.ok()? as usize;
+            let mut body = vec![0; len.checked_sub(4)?];
+            self.stream.read_exact(&mut body).await.ok()?;
+            Some((tag, body))
+        })
+        .await
+        .ok()??;
+        Some(parse(tag, &body))
+    }
+
     /// Terminate, and the connection closed.
     pub async fn close(mut self) {
         let _ = self.stream.write_all(&message(b'X', &[])).await;
@@ -134,13 +159,29 @@ fn parse(tag: u8, body: &[u8]) -> Msg {
         b'T' => {
             let n = u16::from_be_bytes([body[0], body[1]]) as usize;
             let mut at = 2;
-            let mut names = Vec::new();
+            let mut columns = Vec::new();
+            let int = |b: &[u8]| u32::from_be_bytes(b.try_into().unwrap());
             for _ in 0..n {
                 let end = at + body[at..].iter().position(|c| *c == 0).unwrap();
-                names.push(text(&body[at..end]));
-                at = end + 1 + 18;
+                // name, table OID (4), column (2), type OID (4), size (2),
+                // modifier (4), format (2)
+                let fixed = &body[end + 1..end + 19];
+                columns.push((
+                    text(&body[at..end]),
+                    int(&fixed[6..10]),
+                    int(&fixed[12..16]) as i32,
+                ));
+                at = end + 19;
             }
-            Msg::Columns(names)
+            Msg::Columns(columns)
+        }
+        b't' => {
+            let n = u16::from_be_bytes([body[0], body[1]]) as usize;
+            Msg::ParameterTypes(
+                (0..n)
+                    .map(|i| u32::from_be_bytes(body[2 + 4 * i..6 + 4 * i].try_into().unwrap()))
+                    .collect(),
+            )
         }
         b'D' => {
             let n = u16::from_be_bytes([body[0], body[1]]) as usize;
@@ -176,6 +217,8 @@ fn parse(tag: u8, body: &[u8]) -> Msg {
         b'I' => Msg::EmptyQuery,
         b'1' => Msg::ParseComplete,
         b'2' => Msg::BindComplete,
+        b'3' => Msg::CloseComplete,
+        b's' => Msg::PortalSuspended,
         b'n' => Msg::NoData,
         other => Msg::Other(other as char),
     }

@@ -105,3 +105,82 @@ pub async fn trust_login(addr: impl tokio::net::ToSocketAddrs) -> tokio::net::Tc
         }
     }
 }
+
+/// A frontend message of the extended (or simple) query protocol, as a
+/// test writes it: `encode` gives its bytes, Debug a readable form for
+/// failure messages. Parameters and results are text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Frontend {
+    /// Statement name, text, parameter type OIDs (0: unspecified).
+    Parse(String, String, Vec<u32>),
+    /// Portal, statement, parameter values (NULL as `None`).
+    Bind(String, String, Vec<Option<String>>),
+    /// `'S'` (statement) or `'P'` (portal), and its name.
+    Describe(char, String),
+    /// Portal and row limit (0: all rows).
+    Execute(String, u32),
+    /// `'S'` or `'P'`, and its name.
+    Close(char, String),
+    Sync,
+    Flush,
+    Query(String),
+}
+
+impl Frontend {
+    pub fn encode(&self) -> Vec<u8> {
+        let cstr = |b: &mut Vec<u8>, s: &str| {
+            b.extend_from_slice(s.as_bytes());
+            b.push(0);
+        };
+        let mut b = Vec::new();
+        match self {
+            Frontend::Parse(name, sql, types) => {
+                cstr(&mut b, name);
+                cstr(&mut b, sql);
+                b.extend_from_slice(&(types.len() as u16).to_be_bytes());
+                for t in types {
+                    b.extend_from_slice(&t.to_be_bytes());
+                }
+                message(b'P', &b)
+            }
+            Frontend::Bind(portal, statement, values) => {
+                cstr(&mut b, portal);
+                cstr(&mut b, statement);
+                b.extend_from_slice(&0u16.to_be_bytes()); // all parameters text
+                b.extend_from_slice(&(values.len() as u16).to_be_bytes());
+                for v in values {
+                    match v {
+                        Some(v) => {
+                            b.extend_from_slice(&(v.len() as i32).to_be_bytes());
+                            b.extend_from_slice(v.as_bytes());
+                        }
+                        None => b.extend_from_slice(&(-1i32).to_be_bytes()),
+                    }
+                }
+                b.extend_from_slice(&0u16.to_be_bytes()); // all results text
+                message(b'B', &b)
+            }
+            Frontend::Describe(kind, name) | Frontend::Close(kind, name) => {
+                b.push(*kind as u8);
+                cstr(&mut b, name);
+                let tag = if matches!(self, Frontend::Describe(..)) {
+                    b'D'
+                } else {
+                    b'C'
+                };
+                message(tag, &b)
+            }
+            Frontend::Execute(portal, max_rows) => {
+                cstr(&mut b, portal);
+                b.extend_from_slice(&max_rows.to_be_bytes());
+                message(b'E', &b)
+            }
+            Frontend::Sync => message(b'S', &[]),
+            Frontend::Flush => message(b'H', &[]),
+            Frontend::Query(sql) => {
+                cstr(&mut b, sql);
+                message(b'Q', &b)
+            }
+        }
+    }
+}

@@ -8,6 +8,7 @@
 //! random sample for long ones): `USHER_CUTS=<n>` samples n per scenario,
 //! `USHER_CUT_SEED` replays a seed and `USHER_CUT_CONFIGS` picks the
 //! modes and worker counts (scripts/cuts.sh runs it longer).
+#![allow(clippy::await_holding_lock)] // ONE_AT_A_TIME, below
 
 mod common;
 
@@ -90,6 +91,8 @@ fn cluster() -> &'static PgCluster {
     pg
 }
 
+// Each test holds it across its awaits on purpose: the tests run one at a
+// time, each on its own runtime (a waiting one blocks only its own thread).
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
@@ -205,7 +208,8 @@ async fn a_client_leaving_mid_result_stops_nobody() {
         for (i, request) in results.iter().enumerate() {
             for _ in 0..3 {
                 let keep = rng.gen_range(10_000..200_000);
-                let what = format!("{mode}, {workers} worker(s), result {i}, left after {keep} bytes");
+                let what =
+                    format!("{mode}, {workers} worker(s), result {i}, left after {keep} bytes");
                 let mut c = trust_login(usher.addr()).await;
                 c.write_all(request).await.unwrap();
                 let mut got = vec![0u8; keep];
@@ -242,7 +246,12 @@ async fn nothing_the_client_did_not_sync_is_committed() {
         // (row tag, what is sent first, whether to wait for its
         // CommandComplete, what is sent after it)
         let mut stunts: Vec<(String, Vec<u8>, bool, Vec<u8>)> = vec![
-            (tag("insert"), extended(&insert(&tag("insert"))), false, vec![]),
+            (
+                tag("insert"),
+                extended(&insert(&tag("insert"))),
+                false,
+                vec![],
+            ),
             (
                 tag("insert-flush"),
                 [extended(&insert(&tag("insert-flush"))), flush()].concat(),
@@ -443,7 +452,13 @@ fn pipelines(prefix: &str) -> Vec<Pipeline> {
             name: "a session setting, a named statement, a query in flight",
             pieces: vec![
                 query("SET app.cut = 'dirty'"),
-                [parse("s1", "SELECT pg_sleep(0.01)"), bind("s1"), execute(), sync()].concat(),
+                [
+                    parse("s1", "SELECT pg_sleep(0.01)"),
+                    bind("s1"),
+                    execute(),
+                    sync(),
+                ]
+                .concat(),
                 [extended(&insert(&t("f1"))), sync()].concat(),
             ],
             rows: vec![(t("f1"), Some(2))],
@@ -498,8 +513,7 @@ async fn a_client_cut_at_any_byte_leaves_nothing_behind() {
                     bytes.len()
                 );
                 // Each cut gets rows of its own.
-                let renamed = pipelines(&format!("cut{run}-{mode}{workers}-{cut}"))
-                    .swap_remove(n);
+                let renamed = pipelines(&format!("cut{run}-{mode}{workers}-{cut}")).swap_remove(n);
                 let bytes = renamed.pieces.concat();
                 cut_after_sending(&usher, &bytes, cut, cut % 2 == 0).await;
                 next_client_finds_a_clean_session(&usher, &what).await;
@@ -536,7 +550,9 @@ async fn a_client_cut_at_any_byte_leaves_nothing_behind() {
         ];
         for request in &results {
             for keep in offsets(1_000_000, &[], &mut rng) {
-                let what = format!("seed {seed}, {mode}, {workers} worker(s): result left after {keep} bytes");
+                let what = format!(
+                    "seed {seed}, {mode}, {workers} worker(s): result left after {keep} bytes"
+                );
                 let mut c = trust_login(usher.addr()).await;
                 c.write_all(request).await.unwrap();
                 let mut got = vec![0u8; keep];

@@ -221,6 +221,10 @@ pub struct Flow {
     answered: bool,
     /// The error to send after [`ServerStep::SendError`] (whole message).
     error: Option<BytesMut>,
+    /// Databases a message just walked fails on while other sessions are
+    /// connected to them (`Effects::databases`), until the session takes
+    /// them ([`Flow::take_closing`]).
+    closing: Vec<String>,
 }
 
 /// What an extended-protocol segment held, for the replay's safety.
@@ -285,6 +289,7 @@ impl Flow {
             last_shape: Shape::default(),
             answered: false,
             error: None,
+            closing: Vec::new(),
         }
     }
 
@@ -392,7 +397,8 @@ impl Flow {
                 self.refusals.push_back((segment, error));
                 ClientStep::Refuse
             }
-            (None, Some(effects)) => {
+            (None, Some(mut effects)) => {
+                self.closing.append(&mut effects.databases);
                 if tag == frontend::PARSE && self.pinning != Pinning::Off {
                     // Each execution of a statement that pins pins again.
                     let name = cstr(body);
@@ -603,6 +609,13 @@ impl Flow {
             self.unpins_seen |= effects.unpins;
         }
         self.effects.add(effects);
+    }
+
+    /// The databases whose idle server connections usher closes before
+    /// the messages walked go out: DROP DATABASE and the like fail while
+    /// other sessions are connected (usually empty).
+    pub fn take_closing(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.closing)
     }
 
     /// The session took a pin slot (before a pinning statement, or for

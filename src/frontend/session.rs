@@ -989,6 +989,10 @@ impl Session {
                 fwd.lent_at = Instant::now();
                 spare_buffers::reserve(&mut fwd.out_buf);
             }
+            let closing = fwd.flow.take_closing();
+            if let (false, Some(held)) = (closing.is_empty(), &fwd.held) {
+                self.close_idle_to(&closing, &held.conn);
+            }
             if walked.forward > 0 {
                 keep_copy(&mut fwd.flow, &mut fwd.copy, &fwd.in_buf[..walked.forward]);
                 move_to_server(&mut fwd.to_server, &mut fwd.in_buf, walked.forward);
@@ -1081,6 +1085,29 @@ impl Session {
                     stats.received(taken as u64);
                     self.received += taken as u64;
                 }
+            }
+        }
+    }
+
+    /// Before a statement that fails while other sessions are connected to
+    /// its database (DROP DATABASE, ALTER DATABASE ... RENAME, CREATE
+    /// DATABASE ... TEMPLATE: `Flow::take_closing`) goes out, closes
+    /// usher's idle server connections to that database on the server
+    /// this client's connection is on; connections in use stay, and the
+    /// client gets PostgreSQL's 55006 for them. Synchronous, with no step
+    /// before the message: closing a socket is all it takes, since the
+    /// backend exits when it reads the end of its connection, and
+    /// PostgreSQL waits (up to 5 s) for other backends to exit before it
+    /// gives up.
+    fn close_idle_to(&self, databases: &[String], server: &crate::backend::ServerConn) {
+        let server = &server.summary().cancel;
+        for database in databases {
+            let closed =
+                self.deps
+                    .pools
+                    .close_idle_to_database(database, &server.host, server.port);
+            if closed > 0 {
+                tracing::info!(db = %database, closed, user = %self.client.user, "closed idle server connections to a database a statement needs no other session on");
             }
         }
     }

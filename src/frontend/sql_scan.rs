@@ -15,6 +15,12 @@
 //! unlocks, DISCARD, DROP, CLOSE, DEALLOCATE): transaction mode keeps such
 //! a client's server connection (`flow.rs`), and asks the server what is
 //! left when a statement may have ended it. A bit set: no allocation.
+//!
+//! And it names the databases a statement needs no other session on
+//! (`Effects::databases`: DROP DATABASE, ALTER DATABASE ... RENAME / SET
+//! TABLESPACE, CREATE DATABASE's template), so that usher closes its own
+//! idle server connections to them before the statement goes out. Only a
+//! statement whose second word is DATABASE is read further.
 
 /// What a statement text may do to the session, beyond its transaction.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -39,6 +45,9 @@ pub struct Effects {
     /// returns to the server's default, where on a direct connection it
     /// returns to the value the session started with.
     pub resets: Vec<Reset>,
+    /// Databases it fails on while other sessions are connected to them
+    /// (55006), as the server names them ([`database_target`]).
+    pub databases: Vec<String>,
 }
 
 /// A reset a statement may do.
@@ -148,6 +157,7 @@ impl Effects {
             unpins: PinKinds::CHECKABLE,
             executes: false,
             resets: vec![Reset::Unknown],
+            databases: Vec::new(),
         }
     }
 
@@ -163,6 +173,11 @@ impl Effects {
             }
         }
         self.resets.extend(other.resets);
+        for name in other.databases {
+            if !self.databases.contains(&name) {
+                self.databases.push(name);
+            }
+        }
     }
 }
 
@@ -173,6 +188,7 @@ pub fn scan(sql: &[u8]) -> Effects {
     let mut statement_start = true;
     let mut words_in_statement = 0;
     let mut first = Word::Other;
+    let mut first_at = 0;
     let mut previous = Word::Other;
     let mut set_session = false;
     while at < sql.len() {
@@ -211,6 +227,7 @@ pub fn scan(sql: &[u8]) -> Effects {
                 let kind = Word::of(word);
                 if statement_start {
                     first = kind;
+                    first_at = at;
                     statement_start = false;
                     words_in_statement = 1;
                     effects.note_first(first);
@@ -221,6 +238,15 @@ pub fn scan(sql: &[u8]) -> Effects {
                     words_in_statement += 1;
                     if words_in_statement == 2 {
                         set_session = word.eq_ignore_ascii_case(b"session");
+                        if kind == Word::Database
+                            && matches!(first, Word::Drop | Word::Alter | Word::Create)
+                        {
+                            if let Some(name) = database_target(sql, first_at) {
+                                if !effects.databases.contains(&name) {
+                                    effects.databases.push(name);
+                                }
+                            }
+                        }
                     }
                     if first == Word::Set && words_in_statement == 2 {
                         // SET LOCAL, SET TRANSACTION and SET CONSTRAINTS
@@ -552,6 +578,8 @@ enum Word {
     Explain,
     As,
     Drop,
+    Alter,
+    Database,
     Load,
     PgTemp,
     SetConfig,
@@ -563,7 +591,7 @@ enum Word {
 }
 
 /// The words the scan looks for, lower case, and what each is.
-const KEYWORDS: [(&[u8], Word); 36] = {
+const KEYWORDS: [(&[u8], Word); 38] = {
     use Word::*;
     [
         (b"do", Do),
@@ -577,6 +605,7 @@ const KEYWORDS: [(&[u8], Word); 36] = {
         (b"drop", Drop),
         (b"load", Load),
         (b"reset", Reset),
+        (b"alter", Alter),
         (b"close", Close),
         (b"local", Local),
         (b"listen", Listen),
@@ -590,6 +619,7 @@ const KEYWORDS: [(&[u8], Word); 36] = {
         (b"pg_temp", PgTemp),
         (b"execute", Execute),
         (b"explain", Explain),
+        (b"database", Database),
         (b"unlisten", Unlisten),
         (b"temporary", Temp),
         (b"deallocate", Deallocate),
@@ -998,6 +1028,110 @@ fn identifier(sql: &[u8], at: usize) -> Option<(String, usize)> {
     Some((String::from_utf8(name).ok()?, end))
 }
 
+/// The database that the DROP DATABASE, ALTER DATABASE or CREATE DATABASE
+/// statement at `at` fails on while other sessions are connected to it
+/// (55006), as PostgreSQL reads its name: `DROP DATABASE [IF EXISTS]
+/// name`, `ALTER DATABASE name RENAME ...` / `SET TABLESPACE ...`, and
+/// CREATE DATABASE's template (`TEMPLATE [=] name`, `template1` when
+/// none is given or it is DEFAULT). `None` for other statements (ALTER
+/// DATABASE name SET param ...) and for names usher does not read.
+fn database_target(sql: &[u8], at: usize) -> Option<String> {
+    let (first, at) = keyword(sql, at)?;
+    let at = skip_space(sql, at);
+    if !keyword_is(sql, at, b"database") {
+        return None;
+    }
+    let mut at = skip_space(sql, at + "database".len());
+    match first {
+        Word::Drop => {
+            // A database may be called `if`: IF is a keyword only before
+            // EXISTS.
+            if keyword_is(sql, at, b"if") {
+                let after = skip_space(sql, at + "if".len());
+                if keyword_is(sql, after, b"exists") {
+                    at = skip_space(sql, after + "exists".len());
+                }
+            }
+            identifier(sql, at).map(|(name, _)| name)
+        }
+        Word::Alter => {
+            let (name, end) = identifier(sql, at)?;
+            let at = skip_space(sql, end);
+            let moves = keyword_is(sql, at, b"rename")
+                || keyword_is(sql, at, b"set")
+                    && keyword_is(sql, skip_space(sql, at + "set".len()), b"tablespace");
+            moves.then_some(name)
+        }
+        Word::Create => {
+            let (_, end) = identifier(sql, at)?;
+            create_database_template(sql, end)
+        }
+        _ => None,
+    }
+}
+
+/// The template among CREATE DATABASE's options, which follow `at`:
+/// `[WITH] name [=] value ...` (CONNECTION LIMIT is two words); a value
+/// is a name, a string, a number or DEFAULT. Without a TEMPLATE option,
+/// or with TEMPLATE DEFAULT, PostgreSQL copies `template1`.
+fn create_database_template(sql: &[u8], at: usize) -> Option<String> {
+    let mut at = skip_space(sql, at);
+    if keyword_is(sql, at, b"with") {
+        at = skip_space(sql, at + "with".len());
+    }
+    loop {
+        if matches!(sql.get(at), None | Some(b';')) {
+            return Some("template1".to_string());
+        }
+        let (option, end) = word_at(sql, at)?;
+        at = skip_space(sql, end);
+        if option.eq_ignore_ascii_case(b"connection") {
+            if !keyword_is(sql, at, b"limit") {
+                return None;
+            }
+            at = skip_space(sql, at + "limit".len());
+        }
+        if sql.get(at) == Some(&b'=') {
+            at = skip_space(sql, at + 1);
+        }
+        let (value, end) = option_value(sql, at)?;
+        if option.eq_ignore_ascii_case(b"template") {
+            return Some(value.unwrap_or_else(|| "template1".to_string()));
+        }
+        at = skip_space(sql, end);
+    }
+}
+
+/// A CREATE DATABASE option's value at `at` and where it ends: a name
+/// (folded as PostgreSQL folds it) or a string, as written; `None` inside
+/// for DEFAULT and numbers. `None` for what usher does not read (E'...'
+/// and other prefixed strings).
+fn option_value(sql: &[u8], at: usize) -> Option<(Option<String>, usize)> {
+    match *sql.get(at)? {
+        b'\'' => {
+            let end = skip_quoted(sql, at, b'\'', false);
+            if end < at + 2 || sql[end - 1] != b'\'' {
+                return None;
+            }
+            let inner = String::from_utf8(sql[at + 1..end - 1].to_vec()).ok()?;
+            Some((Some(inner.replace("''", "'")), end))
+        }
+        b'-' | b'+' | b'.' | b'0'..=b'9' => {
+            let end = sql[at + 1..]
+                .iter()
+                .position(|b| !(b.is_ascii_alphanumeric() || *b == b'.' || *b == b'_'))
+                .map_or(sql.len(), |p| at + 1 + p);
+            Some((None, end))
+        }
+        _ => {
+            if keyword_is(sql, at, b"default") {
+                return Some((None, at + "default".len()));
+            }
+            identifier(sql, at).map(|(name, end)| (Some(name), end))
+        }
+    }
+}
+
 /// Past a parenthesised group at `at` (strings, quoted names and
 /// comments inside are skipped).
 fn skip_parenthesised(sql: &[u8], mut at: usize) -> Option<usize> {
@@ -1359,6 +1493,80 @@ mod tests {
                 .and(PinKinds::TEMP),
             PinKinds::NONE
         );
+    }
+
+    fn databases(sql: &str) -> Vec<String> {
+        scan(sql.as_bytes()).databases
+    }
+
+    #[test]
+    fn databases_that_must_have_no_other_session_are_named() {
+        for (sql, name) in [
+            ("DROP DATABASE x", "x"),
+            ("drop database X;", "x"),
+            ("DROP DATABASE \"My Db\"", "My Db"),
+            ("DROP DATABASE \"a\"\"b\"", "a\"b"),
+            ("DROP DATABASE IF EXISTS x", "x"),
+            ("DROP DATABASE if exists \"X\" WITH (FORCE)", "X"),
+            ("DROP DATABASE x (FORCE)", "x"),
+            ("DROP DATABASE if", "if"),
+            ("DROP DATABASE \"if\"", "if"),
+            ("DROP /* c */ DATABASE -- c\n x", "x"),
+            ("  \n DROP\tDATABASE\nx", "x"),
+            ("ALTER DATABASE x RENAME TO y", "x"),
+            ("alter database \"X\" rename to \"Y\"", "X"),
+            ("ALTER DATABASE x SET TABLESPACE t", "x"),
+            ("CREATE DATABASE y TEMPLATE x", "x"),
+            ("CREATE DATABASE y TEMPLATE = x", "x"),
+            ("CREATE DATABASE y TEMPLATE=\"X\"", "X"),
+            ("CREATE DATABASE y TEMPLATE 'X'", "X"),
+            (
+                "create database y with owner = alice encoding 'UTF8' template x",
+                "x",
+            ),
+            (
+                "CREATE DATABASE y WITH CONNECTION LIMIT = -1 TEMPLATE x",
+                "x",
+            ),
+            ("CREATE DATABASE y OWNER template TEMPLATE x", "x"),
+            (
+                "CREATE DATABASE y IS_TEMPLATE true TEMPLATE x STRATEGY file_copy",
+                "x",
+            ),
+            ("CREATE DATABASE y", "template1"),
+            ("CREATE DATABASE y OWNER alice;", "template1"),
+            ("CREATE DATABASE y TEMPLATE DEFAULT", "template1"),
+            ("SELECT 1; DROP DATABASE x", "x"),
+        ] {
+            assert_eq!(databases(sql), [name], "{sql}");
+        }
+        assert_eq!(
+            databases("DROP DATABASE a; ALTER DATABASE b RENAME TO c; DROP DATABASE a"),
+            ["a", "b"]
+        );
+        for sql in [
+            "select 'drop database x'",
+            "SELECT 1 -- DROP DATABASE x",
+            "/* DROP DATABASE x */ SELECT 1",
+            "DO $$ BEGIN DROP DATABASE x; END $$",
+            "SELECT $q$ ; DROP DATABASE x $q$",
+            "DROP TABLE database",
+            "DROP DATABASES x",
+            "DROP database_x",
+            "CREATE TABLE database (x int)",
+            "ALTER DATABASE x SET work_mem = '1MB'",
+            "ALTER DATABASE x OWNER TO bob",
+            "ALTER DATABASE x RESET ALL",
+            "GRANT CONNECT ON DATABASE x TO bob",
+            "COMMENT ON DATABASE x IS 'drop database y'",
+            "CREATE DATABASE y TEMPLATE E'x'",
+            "DROP DATABASE",
+            "DROP DATABASE U&\"x\"",
+            "SELECT * FROM drop, database",
+        ] {
+            assert_eq!(databases(sql), Vec::<String>::new(), "{sql}");
+        }
+        assert!(Effects::unknown().databases.is_empty());
     }
 
     #[test]

@@ -603,6 +603,21 @@ impl Pool {
         self.slots.close_idle();
     }
 
+    /// Whether its server connections are to database `dbname`, as the
+    /// server names it (a `databases` entry's `dbname`).
+    pub fn has_server_dbname(&self, dbname: &str) -> bool {
+        self.target.load().dbname == dbname
+    }
+
+    /// Closes the idle connections to the server at `host`:`port` (as
+    /// configured); how many. Their sockets close, and their backends exit.
+    pub fn close_idle_on(&self, host: &str, port: u16) -> usize {
+        self.slots.close_idle_where(|c| {
+            let server = &c.summary().cancel;
+            server.host == host && server.port == port
+        })
+    }
+
     /// Housekeeping, run periodically: closes idle connections past
     /// `server_idle_timeout` or `server_lifetime` (keeping `min_pool_size`),
     /// then opens connections up to `min_pool_size`.

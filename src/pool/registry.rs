@@ -153,6 +153,20 @@ impl Pools {
         }
     }
 
+    /// Closes the idle server connections to database `dbname` (the
+    /// server's name for it) on the server at `host`:`port`, in every
+    /// pool whose connections go there, before a statement that fails
+    /// while other sessions are connected to it (DROP DATABASE and the
+    /// like, `sql_scan::Effects::databases`). Lent connections are left
+    /// alone. How many were closed.
+    pub fn close_idle_to_database(&self, dbname: &str, host: &str, port: u16) -> usize {
+        self.all()
+            .iter()
+            .filter(|p| p.has_server_dbname(dbname))
+            .map(|p| p.close_idle_on(host, port))
+            .sum()
+    }
+
     /// PAUSE [db]: marks them paused (pools created later too).
     pub fn pause(&self, database: Option<&str>) -> Vec<Arc<Pool>> {
         {

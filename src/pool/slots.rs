@@ -354,6 +354,19 @@ impl<C: Pooled> Slots<C> {
         self.stats.idle_servers(0);
     }
 
+    /// Closes the idle connections `which` picks (the others keep their
+    /// order); how many. They are dropped after the list's lock is
+    /// released.
+    pub(super) fn close_idle_where(&self, mut which: impl FnMut(&C) -> bool) -> usize {
+        let closing = {
+            let mut idle = self.idle.lock();
+            let closing: Vec<C> = idle.extract_if(.., |c| which(c)).collect();
+            self.stats.idle_servers(idle.len());
+            closing
+        };
+        closing.len()
+    }
+
     /// Waits until no connection is lent out (after PAUSE), then closes
     /// the idle ones, as PgBouncer does.
     pub(super) async fn drained(&self) {
@@ -881,6 +894,20 @@ mod tests {
         slots.close_idle();
         slots.pause();
         assert!(slots.slot_for_min_size().is_none(), "not while paused");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_connections_are_closed_by_choice_the_rest_kept_in_order() {
+        let slots = slots(limits(5));
+        let lent = checkout(&slots, 9).await;
+        for id in 1..=4 {
+            slots.add_idle(open(&slots, id));
+        }
+        assert_eq!(slots.close_idle_where(|c| c.id % 2 == 0), 2);
+        assert_eq!(slots.describe_idle(|c, _| c.id), [1, 3]);
+        assert_eq!(slots.close_idle_where(|_| false), 0);
+        drop(lent);
+        assert_eq!(slots.active(), 0);
     }
 
     #[tokio::test(start_paused = true)]

@@ -38,7 +38,8 @@
 //!   (26000 where PostgreSQL describes or binds it): item 2.
 //! - `transaction/1`, `transaction/2`: a second Parse of a name succeeds
 //!   (item 3: within 5 to 20 steps on every seed); a Parse PostgreSQL
-//!   refused or skipped leaves a name (item 4); another client's unnamed
+//!   refused or skipped leaves a name, and a Close it skipped after an
+//!   error still removes one (item 4); another client's unnamed
 //!   statement is bound (item 1). `duplicates` and `unnamed` in the leave-
 //!   out list set items 3 and 1 aside to look further.
 //!

@@ -148,7 +148,8 @@ fn usher(pg: &PgCluster, mode: &str, workers: usize, extra: &str) -> UsherProces
 /// The next client on the only server connection: it gets one (the cut
 /// one was recovered or closed), and finds no transaction open and no
 /// setting of the client before it.
-async fn next_client_finds_a_clean_session(usher: &UsherProcess, what: &str) {
+/// Returns the server connection's backend pid.
+async fn next_client_finds_a_clean_session(usher: &UsherProcess, what: &str) -> String {
     let (c, _driver) = usher.alice().await;
     // A simple Query: its transaction begins with it, unless one was
     // left open.
@@ -156,7 +157,7 @@ async fn next_client_finds_a_clean_session(usher: &UsherProcess, what: &str) {
         Duration::from_secs(60),
         c.simple_query(
             "SELECT now() = statement_timestamp(), \
-             coalesce(current_setting('app.cut', true), '')",
+             coalesce(current_setting('app.cut', true), ''), pg_backend_pid()",
         ),
     )
     .await
@@ -179,6 +180,7 @@ async fn next_client_finds_a_clean_session(usher: &UsherProcess, what: &str) {
         Some(""),
         "{what}: the next client sees the cut client's setting"
     );
+    row.get(2).expect("a pid").to_string()
 }
 
 // --- 1. a client that leaves in the middle of a result -------------------
@@ -196,6 +198,7 @@ async fn a_client_leaving_mid_result_stops_nobody() {
     for (mode, workers) in [("session", 1), ("transaction", 2), ("transaction", 1)] {
         let usher = usher(pg, mode, workers, "");
         let canary = Canary::start(usher.port);
+        let mut first_pid = None;
         let results = [
             query("SELECT g, repeat('y', 50) FROM generate_series(1, 3000000) g"),
             query("COPY (SELECT g, repeat('y', 50) FROM generate_series(1, 3000000) g) TO STDOUT"),
@@ -218,7 +221,16 @@ async fn a_client_leaving_mid_result_stops_nobody() {
                     .unwrap_or_else(|_| panic!("{what}: no result"))
                     .unwrap();
                 drop(c);
-                next_client_finds_a_clean_session(&usher, &what).await;
+                // Only whole messages went out: the connection is
+                // recovered, not closed (before: the bytes the client
+                // never took were walked twice, the drain waited for
+                // answers that had come, and after 30 s closed it).
+                let pid = next_client_finds_a_clean_session(&usher, &what).await;
+                assert_eq!(
+                    *first_pid.get_or_insert_with(|| pid.clone()),
+                    pid,
+                    "{what}: the server connection was closed, not recovered"
+                );
             }
         }
         canary.check();

@@ -1159,11 +1159,11 @@ impl Session {
                 // stays one block of its own, kept for the next read.
                 self.pool.stats.sent(walked.forward as u64);
                 self.sent += walked.forward as u64;
-                client
-                    .write_all(&fwd.out_buf[..walked.forward])
-                    .await
-                    .map_err(|_| LoopEnd::ClientLeft)?;
+                let written = client.write_all(&fwd.out_buf[..walked.forward]).await;
+                // Consumed whether or not the client took them: the walker
+                // is past them, and the abandon path walks on from here.
                 spare_buffers::consume(&mut fwd.out_buf, walked.forward);
+                written.map_err(|_| LoopEnd::ClientLeft)?;
             }
             match answer {
                 Some(ServerStep::Settle { release }) => {

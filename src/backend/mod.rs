@@ -279,13 +279,15 @@ impl ServerConn {
                 })
                 .collect();
             let sql = format!("SELECT {}", calls.join(", "));
-            frontend::parse("", &sql, std::iter::empty(), &mut out).map_err(|e| internal(&e))?;
+            own_statement_begin(&mut out).map_err(|e| internal(&e))?;
+            frontend::parse(OWN_STATEMENT, &sql, std::iter::empty(), &mut out)
+                .map_err(|e| internal(&e))?;
             let values = settings
                 .iter()
                 .flat_map(|s| [Some(s.name.as_str()), s.value.as_deref()]);
             frontend::bind(
-                "",
-                "",
+                OWN_STATEMENT,
+                OWN_STATEMENT,
                 [0i16], // every parameter in text
                 values,
                 |v, buf| match v {
@@ -302,7 +304,8 @@ impl ServerConn {
                 frontend::BindError::Conversion(e) => internal(&e),
                 frontend::BindError::Serialization(e) => internal(&e),
             })?;
-            frontend::execute("", 0, &mut out).map_err(|e| internal(&e))?;
+            frontend::execute(OWN_STATEMENT, 0, &mut out).map_err(|e| internal(&e))?;
+            own_statement_begin(&mut out).map_err(|e| internal(&e))?;
             frontend::sync(&mut out);
             replies += 1;
         }
@@ -356,6 +359,42 @@ impl ServerConn {
         self.last_used = Instant::now();
         failure.map_or(Ok(()), |e| Err(QueryError::Server(e)))
     }
+}
+
+/// The name of the statement and portal usher's own statements use on a
+/// connection that serves a client: named, so the client's unnamed
+/// statement and portal are never touched (a simple Query, or an unnamed
+/// Parse, would drop the client's unnamed statement), and closed before
+/// and after use, so nothing of usher's is left for the client to meet.
+pub(crate) const OWN_STATEMENT: &str = "usher_own";
+
+/// Closes usher's own portal and statement (harmless if absent: a Close
+/// never fails, even after an error left them behind).
+pub(crate) fn own_statement_begin(out: &mut BytesMut) -> std::io::Result<()> {
+    frontend::close(b'P', OWN_STATEMENT, out)?;
+    frontend::close(b'S', OWN_STATEMENT, out)
+}
+
+/// `sql` (one statement, no parameters) as usher's own extended-protocol
+/// statement: Parse, Bind, Execute and the Closes, without a Sync.
+pub(crate) fn own_statement(sql: &str, out: &mut BytesMut) -> std::io::Result<()> {
+    own_statement_begin(out)?;
+    frontend::parse(OWN_STATEMENT, sql, std::iter::empty(), out)?;
+    frontend::bind(
+        OWN_STATEMENT,
+        OWN_STATEMENT,
+        std::iter::empty::<i16>(),
+        std::iter::empty::<()>(),
+        |_, _| Ok(postgres_protocol::IsNull::No),
+        [0i16],
+        out,
+    )
+    .map_err(|e| match e {
+        frontend::BindError::Conversion(e) => std::io::Error::other(e.to_string()),
+        frontend::BindError::Serialization(e) => e,
+    })?;
+    frontend::execute(OWN_STATEMENT, 0, out)?;
+    own_statement_begin(out)
 }
 
 /// Reads one backend message into `buf` and parses it.

@@ -356,7 +356,7 @@ impl ServerConn {
     /// names (SET would quote the list as one name). The ParameterStatus
     /// messages the server sends update the record.
     pub async fn restore(&mut self, restores: &[Restore]) -> Result<(), QueryError> {
-        let mut sql = String::new();
+        let mut statements = Vec::new();
         for r in restores {
             if !r
                 .name
@@ -367,19 +367,27 @@ impl ServerConn {
             }
             let value = literal(&r.value);
             if LIST_QUOTED.contains(&r.name.as_str()) {
-                sql.push_str(&format!(
-                    "SELECT FROM pg_catalog.set_config('{}', {value}, {});",
+                statements.push(format!(
+                    "SELECT FROM pg_catalog.set_config('{}', {value}, {})",
                     r.name, r.local
                 ));
             } else {
                 let scope = if r.local { "LOCAL " } else { "" };
-                sql.push_str(&format!("SET {scope}{} TO {value};", r.name));
+                statements.push(format!("SET {scope}{} TO {value}", r.name));
             }
         }
-        if sql.is_empty() {
+        if statements.is_empty() {
             return Ok(());
         }
-        self.simple_query(&sql).await
+        // usher's own statements, one at a time (the extended protocol
+        // takes one per Parse), so the client's unnamed statement and
+        // portal are left as they were.
+        let mut out = bytes::BytesMut::new();
+        for sql in &statements {
+            super::own_statement(sql, &mut out).map_err(|e| QueryError::Encode(e.to_string()))?;
+        }
+        postgres_protocol::message::frontend::sync(&mut out);
+        self.exchange(&out, 1, |_| {}).await
     }
 }
 

@@ -43,8 +43,11 @@ impl ServerConn {
                 ));
             }
         }
+        // As usher's own statement, so the client's unnamed statement and
+        // portal outlive the read-back.
         let mut out = BytesMut::new();
-        frontend::query(&sql, &mut out).map_err(|e| QueryError::Encode(e.to_string()))?;
+        super::own_statement(&sql, &mut out).map_err(|e| QueryError::Encode(e.to_string()))?;
+        frontend::sync(&mut out);
         let mut rows = Vec::new();
         self.exchange(&out, 1, |m| {
             if let Message::DataRow(row) = m {

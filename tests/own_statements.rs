@@ -8,7 +8,7 @@
 mod common;
 
 use common::raw::{Msg, RawClient};
-use common::wire::Frontend::{self, *};
+use common::wire::Frontend::*;
 use common::{PgCluster, UsherProcess};
 
 fn usher(mode: &str) -> UsherProcess {
@@ -17,26 +17,6 @@ fn usher(mode: &str) -> UsherProcess {
             "auth:\n  method: trust\npool_mode: {mode}\npool_size: 1\n"
         ))
         .start()
-}
-
-async fn batch(c: &mut RawClient, messages: &[Frontend]) -> Vec<Msg> {
-    let bytes: Vec<u8> = messages.iter().flat_map(|m| m.encode()).collect();
-    c.send(&bytes).await.unwrap();
-    let mut got = Vec::new();
-    let syncs = messages
-        .iter()
-        .filter(|m| matches!(m, Sync | Query(_)))
-        .count();
-    let mut ready = 0;
-    while ready < syncs {
-        let m = c
-            .next(std::time::Duration::from_secs(20))
-            .await
-            .expect("an answer");
-        ready += usize::from(matches!(m, Msg::Ready(_)));
-        got.push(m);
-    }
-    got
 }
 
 fn s(x: &str) -> String {
@@ -51,33 +31,31 @@ async fn the_unnamed_statement_outlives_the_settings_read_back() {
         let usher = usher(mode);
         let (mut c, _) =
             RawClient::tcp(usher.addr(), &[("user", "alice"), ("database", "app")]).await;
-        let parsed = batch(&mut c, &[Parse(s(""), s("select 'mine'"), vec![]), Sync]).await;
+        let parsed = c
+            .batch(&[Parse(s(""), s("select 'mine'"), vec![]), Sync])
+            .await;
         assert_eq!(parsed, [Msg::ParseComplete, Msg::Ready('I')], "{mode}");
-        let set = batch(
-            &mut c,
-            &[
+        let set = c
+            .batch(&[
                 Parse(s("s"), s("select set_config('jit', 'off', false)"), vec![]),
                 Bind(s(""), s("s"), vec![]),
                 Execute(s(""), 0),
                 Sync,
-            ],
-        )
-        .await;
+            ])
+            .await;
         assert!(
             set.contains(&Msg::Row(vec![Some(s("off"))])),
             "{mode}: {set:?}"
         );
         // Directly, the unnamed statement is still `select 'mine'`.
-        let used = batch(
-            &mut c,
-            &[
+        let used = c
+            .batch(&[
                 Describe('S', s("")),
                 Bind(s(""), s(""), vec![]),
                 Execute(s(""), 0),
                 Sync,
-            ],
-        )
-        .await;
+            ])
+            .await;
         assert!(
             used.contains(&Msg::Row(vec![Some(s("mine"))])),
             "{mode}: the client's unnamed statement was not its own after usher's read-back: {used:?}"
@@ -105,9 +83,8 @@ async fn the_unnamed_statement_outlives_a_reset_put_back() {
             ],
         )
         .await;
-        let begun = batch(
-            &mut c,
-            &[
+        let begun = c
+            .batch(&[
                 Query(s("BEGIN")),
                 Query(s("SET application_name = 'other'")),
                 Parse(
@@ -116,37 +93,32 @@ async fn the_unnamed_statement_outlives_a_reset_put_back() {
                     vec![],
                 ),
                 Sync,
-            ],
-        )
-        .await;
+            ])
+            .await;
         assert!(
             !begun.iter().any(|m| matches!(m, Msg::Error(..))),
             "{mode}: {begun:?}"
         );
-        let reset = batch(
-            &mut c,
-            &[
+        let reset = c
+            .batch(&[
                 Parse(s("r"), s("RESET application_name"), vec![]),
                 Bind(s(""), s("r"), vec![]),
                 Execute(s(""), 0),
                 Sync,
-            ],
-        )
-        .await;
+            ])
+            .await;
         assert!(
             !reset.iter().any(|m| matches!(m, Msg::Error(..))),
             "{mode}: {reset:?}"
         );
-        let used = batch(
-            &mut c,
-            &[
+        let used = c
+            .batch(&[
                 Bind(s(""), s(""), vec![]),
                 Execute(s(""), 0),
                 Sync,
                 Query(s("COMMIT")),
-            ],
-        )
-        .await;
+            ])
+            .await;
         assert!(
             used.contains(&Msg::Row(vec![Some(s("mine"))])),
             "{mode}: after the RESET, the client's unnamed statement: {used:?}"

@@ -705,6 +705,13 @@ impl Flow {
         self.unsynced = true;
     }
 
+    /// A message the flow said to rewrite was refused instead (a Parse of
+    /// a name the client has: 42P05): [`refused_message`] went in its
+    /// place, whose server error is replaced by `error`.
+    pub fn refused_rewrite(&mut self, error: PgError) {
+        self.refusals.push_back((self.syncs_sent + 1, error));
+    }
+
     /// What `prepared::Rewriter` records its owed answers in.
     pub fn plan_mut(&mut self) -> &mut ResponsePlan {
         &mut self.plan

@@ -173,6 +173,16 @@ impl ClientStatements {
         }
     }
 
+    /// Puts back what a name meant before a Parse or Close the server
+    /// never answered.
+    pub fn undo(&mut self, undo: NameChangeUndo) {
+        let NameChange { name, before } = undo.0;
+        match before {
+            Some(statement) => self.insert(name, statement),
+            None => self.remove(&name),
+        }
+    }
+
     /// Statements the client has now (SHOW CLIENTS' prepared_statements).
     pub fn len(&self) -> usize {
         self.by_name.as_ref().map_or(0, |m| m.len())
@@ -199,6 +209,10 @@ impl ClientStatements {
     }
 }
 
+/// A change to a client's statements to undo ([`ResponsePlan::take_undone`]).
+#[derive(Debug)]
+pub struct NameChangeUndo(NameChange);
+
 /// What to do with a ParseComplete or CloseComplete from the server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Answer {
@@ -218,6 +232,19 @@ enum Expect {
     Prepared { id: u64, forward: bool },
     /// usher's own Parse or Close the client never sent.
     Drop,
+    /// The next entry is the client's Parse or Close of a name: its change
+    /// to the client's statements ([`ResponsePlan::changes`]) stands only
+    /// if the server answers it (not skipped after an error, not refused).
+    Named,
+}
+
+/// A change to a client's statements made when its Parse or Close went
+/// out, undone if the server never answers it.
+#[derive(Debug)]
+struct NameChange {
+    name: String,
+    /// What the name meant before (None: nothing).
+    before: Option<Statement>,
 }
 
 /// The ParseComplete/CloseComplete answers owed by one server connection
@@ -231,6 +258,11 @@ pub struct ResponsePlan {
     used: Vec<u64>,
     syncs_sent: u64,
     ready_seen: u64,
+    /// One per [`Expect::Named`] owed, in order.
+    changes: VecDeque<NameChange>,
+    /// Changes the server never answered, for the session to undo
+    /// ([`ResponsePlan::take_undone`]).
+    undone: Vec<NameChange>,
 }
 
 impl ResponsePlan {
@@ -266,11 +298,37 @@ impl ResponsePlan {
                 break;
             }
             self.owed.pop_front();
-            if let Expect::Prepared { id, .. } = e {
+            match e {
                 // Skipped after an error: the server does not have it.
-                prepared.pop(&id);
+                Expect::Prepared { id, .. } => {
+                    prepared.pop(&id);
+                }
+                // The client's Parse or Close was skipped or refused:
+                // what it did to the name did not happen.
+                Expect::Named => self.undone.extend(self.changes.pop_front()),
+                _ => {}
             }
         }
+    }
+
+    /// A client's Parse or Close of `name` goes out next; `before` is what
+    /// the name meant until now.
+    fn named(&mut self, name: &str, before: Option<Statement>) {
+        self.expect(Expect::Named);
+        self.changes.push_back(NameChange {
+            name: name.to_string(),
+            before,
+        });
+    }
+
+    /// Changes to the client's statements whose Parse or Close the server
+    /// never answered (skipped after an error, or refused), for
+    /// [`ClientStatements::undo`].
+    pub fn take_undone(&mut self) -> Vec<NameChangeUndo> {
+        std::mem::take(&mut self.undone)
+            .into_iter()
+            .map(NameChangeUndo)
+            .collect()
     }
 
     /// A statement of usher's was bound or described since the last
@@ -288,6 +346,11 @@ impl ResponsePlan {
     /// The server sent ParseComplete ('1') or CloseComplete ('3').
     pub fn answer(&mut self, tag: u8, prepared: &mut PreparedSet) -> Answer {
         self.forget_stale(prepared);
+        if matches!(self.owed.front(), Some((_, Expect::Named))) {
+            // Answered: the client's change to the name stands.
+            self.owed.pop_front();
+            self.changes.pop_front();
+        }
         match (tag, self.owed.pop_front().map(|(_, e)| e)) {
             (backend::PARSE_COMPLETE, Some(Expect::Prepared { forward: false, .. })) => {
                 Answer::Drop
@@ -345,6 +408,21 @@ pub fn bind_names(head: &[u8]) -> Option<(&str, &str, usize)> {
     Some((portal, name, portal.len() + name.len() + 2))
 }
 
+/// The client's Parse of a name it already has: PostgreSQL refuses it
+/// (42P05) and skips the rest of the batch; the caller sends
+/// `flow::refused_message` with this error.
+pub fn duplicate_parse(statements: &ClientStatements, tag: u8, body: &[u8]) -> Option<PgError> {
+    if tag != frontend::PARSE {
+        return None;
+    }
+    let (name, _) = split_cstr(body).ok()?;
+    statements.get(name).filter(|_| !name.is_empty())?;
+    Some(PgError::error(
+        DUPLICATE_PREPARED_STATEMENT,
+        format!("prepared statement \"{name}\" already exists"),
+    ))
+}
+
 /// Everything one rewrite needs.
 pub struct Rewriter<'a> {
     pub registry: &'a StatementRegistry,
@@ -397,6 +475,8 @@ impl Rewriter<'_> {
                 let (name, rest) = split_cstr(body)?;
                 let definition = Bytes::copy_from_slice(rest);
                 let id = self.registry.id_for(&definition);
+                let before = self.statements.get(name).cloned();
+                self.plan.named(name, before);
                 self.statements.insert(
                     name.to_string(),
                     Statement {
@@ -430,6 +510,8 @@ impl Rewriter<'_> {
                 // The server never saw the client's name: closing it there is
                 // harmless and answers CloseComplete, as the client expects.
                 let (name, _) = split_cstr(&body[1..])?;
+                let before = self.statements.get(name).cloned();
+                self.plan.named(name, before);
                 self.statements.remove(name);
                 let start = begin(out, frontend::CLOSE);
                 out.put_slice(body);

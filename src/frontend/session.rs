@@ -1071,11 +1071,24 @@ impl Session {
                     } else {
                         // The message is whole at the front of the buffer.
                         let message = fwd.in_buf.split_to(1 + len);
-                        let mut out = BytesMut::with_capacity(message.len() + 64);
-                        rewriter
-                            .rewrite(tag, &message[5..], &mut out)
-                            .map_err(LoopEnd::Error)?;
-                        queue_for_server(&mut fwd.to_server, out);
+                        if let Some(error) =
+                            prepared::duplicate_parse(rewriter.statements, tag, &message[5..])
+                        {
+                            // PostgreSQL's 42P05, in order: a stand-in
+                            // that fails on the server, so the rest of the
+                            // batch is skipped as it would be directly.
+                            queue_for_server(
+                                &mut fwd.to_server,
+                                flow::refused_message(tag, &message[5..]),
+                            );
+                            fwd.flow.refused_rewrite(error);
+                        } else {
+                            let mut out = BytesMut::with_capacity(message.len() + 64);
+                            rewriter
+                                .rewrite(tag, &message[5..], &mut out)
+                                .map_err(LoopEnd::Error)?;
+                            queue_for_server(&mut fwd.to_server, out);
+                        }
                         message
                     };
                     fwd.keep_copy(&taken);
@@ -1153,6 +1166,9 @@ impl Session {
             }
             for (name, id) in fwd.flow.take_failed_prepares() {
                 self.statements.forget_failed(&name, id);
+            }
+            for undo in fwd.flow.plan_mut().take_undone() {
+                self.statements.undo(undo);
             }
             if walked.forward > 0 {
                 // Written from the buffer itself, then consumed: the buffer

@@ -114,6 +114,29 @@ impl RawClient {
         Some(parse(tag, &body))
     }
 
+    /// Sends `messages` and reads the answers up to the ReadyForQuery of
+    /// each Sync and Query among them.
+    pub async fn batch(&mut self, messages: &[super::wire::Frontend]) -> Vec<Msg> {
+        use super::wire::Frontend::{Query, Sync};
+        let bytes: Vec<u8> = messages.iter().flat_map(|m| m.encode()).collect();
+        self.send(&bytes).await.unwrap();
+        let owed = messages
+            .iter()
+            .filter(|m| matches!(m, Sync | Query(_)))
+            .count();
+        let mut got = Vec::new();
+        let mut ready = 0;
+        while ready < owed {
+            let m = self
+                .next(Duration::from_secs(20))
+                .await
+                .expect("an answer within 20 s");
+            ready += usize::from(matches!(m, Msg::Ready(_)));
+            got.push(m);
+        }
+        got
+    }
+
     /// Terminate, and the connection closed.
     pub async fn close(mut self) {
         let _ = self.stream.write_all(&message(b'X', &[])).await;

@@ -97,6 +97,20 @@ async fn a_second_parse_of_a_name_is_refused_and_the_rest_skipped() {
         ],
     )
     .await;
+    // The text is checked before the name: its own error comes first.
+    same_as_directly(
+        "a duplicate whose text fails",
+        vec![
+            vec![Parse(s("s3"), s("select 1"), vec![]), Sync],
+            vec![Parse(s("s3"), s("select $1, $2"), vec![25, 0]), Sync],
+            vec![Parse(s("s3"), s("selec 2"), vec![]), Sync],
+            vec![Query(s("BEGIN")), Query(s("select 1/0"))],
+            vec![Parse(s("s3"), s("select 2"), vec![]), Sync],
+            vec![Query(s("ROLLBACK"))],
+            vec![Bind(s(""), s("s3"), vec![]), Execute(s(""), 0), Sync],
+        ],
+    )
+    .await;
     same_as_directly(
         "in one batch",
         vec![vec![

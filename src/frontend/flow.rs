@@ -124,7 +124,7 @@ pub enum PinStep {
 /// The refused statement's stand-in: a quoted identifier no query can
 /// resolve, so the server fails it at parse analysis (42703), whatever the
 /// session, in order with the client's other messages.
-const REFUSED_MARKER: &str = "usher refused this statement";
+pub(crate) const REFUSED_MARKER: &str = "usher refused this statement";
 
 /// Something a server message told, for the session to record.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -523,6 +523,35 @@ impl Rewriter<'_> {
         Ok(())
     }
 
+    /// A Parse of a name the client has ([`duplicate_parse`]): the server
+    /// checks the text first, as directly (a syntax error or an
+    /// undeterminable parameter type is reported before the name), then
+    /// refuses the name. A statement of usher's whose name holds the
+    /// refusal marker is made first, so the client's text, parsed under
+    /// that name, fails with 42P05 (replaced by the client's own 42P05),
+    /// or with the text's own error (or 25P02 in a failed block), as the
+    /// client's Parse would directly.
+    pub fn refuse_duplicate(&mut self, body: &[u8], out: &mut BytesMut) -> Result<(), PgError> {
+        let (_, rest) = split_cstr(body)?;
+        let marker = super::flow::REFUSED_MARKER;
+        put_close(out, marker);
+        self.plan.expect(Expect::Drop);
+        let start = begin(out, frontend::PARSE);
+        put_cstr(out, marker);
+        // Parsed, never run; a transaction-exit statement, so it is made
+        // in a failed block too and the client's text meets the server's
+        // checks in their order (25P02 first, unless it ends the block).
+        put_cstr(out, "ROLLBACK");
+        out.put_u16(0);
+        finish(out, start);
+        self.plan.expect(Expect::Drop);
+        let start = begin(out, frontend::PARSE);
+        put_cstr(out, marker);
+        out.put_slice(rest);
+        finish(out, start);
+        Ok(())
+    }
+
     /// Rewrites a client's Query (its whole body) that the flow found to be
     /// a statement about a prepared statement
     /// (`sql_scan::prepared_command`), appending what to send to `out`,

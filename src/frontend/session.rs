@@ -1077,10 +1077,11 @@ impl Session {
                             // PostgreSQL's 42P05, in order: a stand-in
                             // that fails on the server, so the rest of the
                             // batch is skipped as it would be directly.
-                            queue_for_server(
-                                &mut fwd.to_server,
-                                flow::refused_message(tag, &message[5..]),
-                            );
+                            let mut out = BytesMut::with_capacity(message.len() + 128);
+                            rewriter
+                                .refuse_duplicate(&message[5..], &mut out)
+                                .map_err(LoopEnd::Error)?;
+                            queue_for_server(&mut fwd.to_server, out);
                             fwd.flow.refused_rewrite(error);
                         } else {
                             let mut out = BytesMut::with_capacity(message.len() + 64);

@@ -18,7 +18,7 @@ pub(crate) mod credential;
 pub mod error;
 mod held_state;
 pub mod hosts;
-pub mod params;
+pub mod server_params;
 pub(crate) mod server_stream;
 mod session_settings;
 
@@ -27,7 +27,7 @@ pub use credential::{ServerCredential, SharedCredential};
 pub use error::{ConnectError, QueryError, ServerError, TlsStep, WireError};
 pub use held_state::HeldState;
 pub use hosts::{HostHealth, ServerHosts};
-pub use params::{ParamsFingerprint, Restore, ServerParams, Setting, Wanted};
+pub use server_params::{ParamsFingerprint, Restore, ServerParams, Setting, Wanted};
 pub use server_stream::ServerStream;
 
 use crate::protocol::tags::field;

@@ -2,7 +2,7 @@
 //! SETs the server reported back), so that every server connection the
 //! session uses is brought in line with it before it runs anything.
 
-use crate::backend::params::SERVER_SET;
+use crate::backend::server_params::SERVER_SET;
 use crate::backend::{ParamsFingerprint, QueryError, ServerConn, ServerParams, Wanted};
 use crate::protocol::PgError;
 use bytes::BytesMut;

@@ -23,7 +23,7 @@ use super::params::{canonical_name, SessionParams};
 use super::prepared::{self, ClientStatements, Rewriter};
 use super::spare_buffers;
 use super::sql_scan::{PinKinds, Reset};
-use crate::backend::params::SERVER_SET;
+use crate::backend::server_params::SERVER_SET;
 use crate::backend::{HeldState, Restore};
 use crate::config::{Pinning, PoolMode};
 use crate::hooks::{ClientInfo, Event, ServerInfo, SessionCtx, SessionEndCtx, SessionReason, Vars};

@@ -30,6 +30,10 @@ pub const CLIENT_RECEIVED_BYTES: &str = "usher_client_received_bytes_total";
 pub const CLIENT_SENT_BYTES: &str = "usher_client_sent_bytes_total";
 pub const ERRORS: &str = "usher_errors_total";
 pub const HOOK_DURATION: &str = "usher_hook_duration_seconds";
+
+/// Hook threads set aside, still in a call past its deadline (set by
+/// hooks::lua::threads).
+pub const HOOK_THREADS_STUCK: &str = "usher_hook_threads_stuck";
 pub const PINNED_SERVERS: &str = "usher_pinned_servers";
 /// Bucket bounds (seconds) of the pool histograms (wait, transaction).
 const POOL_BUCKETS: &[f64] = &[
@@ -283,7 +287,7 @@ fn describe() {
     );
     describe_counter!("usher_hook_rejects_total", "Clients rejected by a hook");
     describe_gauge!(
-        crate::hooks::lua::threads::STUCK_GAUGE,
+        HOOK_THREADS_STUCK,
         "Hook threads set aside, still in a call past its deadline (one long C call)"
     );
     describe_histogram!(HOOK_DURATION, Unit::Seconds, "Duration of hook calls");

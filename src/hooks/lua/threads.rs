@@ -28,7 +28,7 @@ use tokio::sync::oneshot;
 const SLACK: Duration = Duration::from_millis(5);
 
 /// Hook threads set aside, still in a call past its deadline.
-pub const STUCK_GAUGE: &str = "usher_hook_threads_stuck";
+const STUCK_GAUGE: &str = crate::metrics::HOOK_THREADS_STUCK;
 
 /// Set aside: the least priority there is.
 const SET_ASIDE_NICE: i32 = 19;

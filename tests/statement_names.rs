@@ -154,6 +154,21 @@ async fn a_parse_refused_or_skipped_leaves_no_name() {
     )
     .await;
     same_as_directly(
+        "a Parse and a Close of one name, both skipped",
+        vec![
+            vec![
+                Parse(s("e"), s("select 1/0"), vec![]),
+                Bind(s(""), s("e"), vec![]),
+                Execute(s(""), 0),
+                Parse(s("s5"), s("select 5"), vec![]),
+                Close('S', s("s5")),
+                Sync,
+            ],
+            vec![Bind(s(""), s("s5"), vec![]), Execute(s(""), 0), Sync],
+        ],
+    )
+    .await;
+    same_as_directly(
         "failed to parse",
         vec![
             vec![Parse(s("s7"), s("selec 7"), vec![]), Sync],

@@ -1168,7 +1168,9 @@ impl Session {
             for (name, id) in fwd.flow.take_failed_prepares() {
                 self.statements.forget_failed(&name, id);
             }
-            for undo in fwd.flow.plan_mut().take_undone() {
+            // Last change first: a Parse and a Close of one name, both
+            // skipped, leave what was there before the Parse.
+            for undo in fwd.flow.plan_mut().take_undone().into_iter().rev() {
                 self.statements.undo(undo);
             }
             if walked.forward > 0 {

@@ -34,7 +34,12 @@ async fn usher(pg: &PgCluster, mode: &str) -> Usher {
 /// A fresh database on the server, owned by alice (who may create
 /// databases: the statements under test are hers).
 fn create_database(pg: &PgCluster, name: &str) {
-    pg.psql_super("ALTER ROLE alice CREATEDB");
+    // Once: two tests altering the role at the same moment fail with
+    // "tuple concurrently updated".
+    static CREATEDB: std::sync::Once = std::sync::Once::new();
+    CREATEDB.call_once(|| {
+        pg.psql_super("ALTER ROLE alice CREATEDB");
+    });
     pg.psql_super(&format!("DROP DATABASE IF EXISTS {name}"));
     pg.psql_super(&format!("CREATE DATABASE {name} OWNER alice"));
 }

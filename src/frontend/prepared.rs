@@ -419,7 +419,10 @@ pub fn duplicate_parse(statements: &ClientStatements, tag: u8, body: &[u8]) -> O
     statements.get(name).filter(|_| !name.is_empty())?;
     Some(PgError::error(
         DUPLICATE_PREPARED_STATEMENT,
-        format!("prepared statement \"{name}\" already exists"),
+        format!(
+            "prepared statement \"{}\" already exists",
+            crate::protocol::error::shown_name(name)
+        ),
     ))
 }
 
@@ -574,7 +577,10 @@ impl Rewriter<'_> {
                 if self.statements.get(&name).is_some() {
                     r.refused = Some(PgError::error(
                         DUPLICATE_PREPARED_STATEMENT,
-                        format!("prepared statement \"{name}\" already exists"),
+                        format!(
+                            "prepared statement \"{}\" already exists",
+                            crate::protocol::error::shown_name(&name)
+                        ),
                     ));
                     return r;
                 }
@@ -859,6 +865,29 @@ fn put_close(out: &mut BytesMut, name: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_duplicate_parse_is_42p05_with_its_name_escaped() {
+        let r = StatementRegistry::default();
+        let mut plan = ResponsePlan::default();
+        let mut prepared = PreparedSet::unbounded();
+        let mut mine = ClientStatements::default();
+        let mut out = BytesMut::new();
+        let body = b"s\n1\0select 1\0\0\0";
+        assert!(duplicate_parse(&mine, frontend::PARSE, body).is_none());
+        Rewriter {
+            registry: &r,
+            statements: &mut mine,
+            prepared: &mut prepared,
+            plan: &mut plan,
+        }
+        .rewrite(frontend::PARSE, body, &mut out)
+        .unwrap();
+        let e = duplicate_parse(&mine, frontend::PARSE, body).expect("a duplicate");
+        assert_eq!(e.code, DUPLICATE_PREPARED_STATEMENT);
+        assert!(!e.message.contains('\n'), "{}", e.message);
+        assert!(duplicate_parse(&mine, frontend::PARSE, b"\0select 1\0\0\0").is_none());
+    }
 
     #[test]
     fn recognises_named_statement_messages() {

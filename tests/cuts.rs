@@ -8,7 +8,7 @@
 //! random sample for long ones): `USHER_CUTS=<n>` samples n per scenario,
 //! `USHER_CUT_SEED` replays a seed and `USHER_CUT_CONFIGS` picks the
 //! modes and worker counts (scripts/cuts.sh runs it longer).
-#![allow(clippy::await_holding_lock)] // ONE_AT_A_TIME, below
+#![allow(clippy::await_holding_lock)] // common::one_at_a_time
 
 mod common;
 
@@ -77,7 +77,7 @@ fn insert(tag: &str) -> String {
 // --- the cluster ------------------------------------------------------
 
 /// The shared cluster with the table the tests insert into. The tests of
-/// this file run one at a time (`ONE_AT_A_TIME`): each counts alice's
+/// this file run one at a time (`common::one_at_a_time`): each counts alice's
 /// backends.
 fn cluster() -> &'static PgCluster {
     static TABLE: std::sync::Once = std::sync::Once::new();
@@ -89,14 +89,6 @@ fn cluster() -> &'static PgCluster {
         );
     });
     pg
-}
-
-// Each test holds it across its awaits on purpose: the tests run one at a
-// time, each on its own runtime (a waiting one blocks only its own thread).
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A superuser's direct connection to `app`, for looking at what
@@ -192,7 +184,7 @@ async fn next_client_finds_a_clean_session(usher: &UsherProcess, what: &str) -> 
 /// freezing a worker and with it logins, the console and signals).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_leaving_mid_result_stops_nobody() {
-    let _alone = one_at_a_time();
+    let _alone = common::one_at_a_time();
     let pg = cluster();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed());
     for (mode, workers) in [("session", 1), ("transaction", 2), ("transaction", 1)] {
@@ -247,7 +239,7 @@ async fn a_client_leaving_mid_result_stops_nobody() {
 /// committed it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_the_client_did_not_sync_is_committed() {
-    let _alone = one_at_a_time();
+    let _alone = common::one_at_a_time();
     let pg = cluster();
     let direct = direct(pg).await;
     for (mode, workers) in [("transaction", 1), ("session", 2)] {
@@ -496,7 +488,7 @@ async fn cut_after_sending(usher: &UsherProcess, bytes: &[u8], cut: usize, linge
 /// result streams (simple, extended, COPY OUT) at sampled offsets.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_cut_at_any_byte_leaves_nothing_behind() {
-    let _alone = one_at_a_time();
+    let _alone = common::one_at_a_time();
     let pg = cluster();
     let direct = direct(pg).await;
     let seed = seed();

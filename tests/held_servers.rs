@@ -1,4 +1,4 @@
-#![allow(clippy::await_holding_lock)]
+#![allow(clippy::await_holding_lock)] // common::one_at_a_time
 //! A server connection is a pool's scarcest thing: a client may not keep
 //! one without a request in flight (idle_transaction_timeout covers every
 //! such state), one that leaves mid-query has its query cancelled, so
@@ -14,15 +14,6 @@ use common::wire::{message, read_error, read_message, trust_login};
 use common::{PgCluster, Usher};
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
-
-/// The tests of this file share one cluster and one of them counts all of
-/// alice's backends on it: they run one at a time (held across awaits on
-/// purpose; each test has a runtime of its own).
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// Waits until the pool of alice/app lends `n` server connections.
 async fn wait_for_lent(usher: &Usher, n: usize) {
@@ -49,7 +40,8 @@ async fn wait_for_lent(usher: &Usher, n: usize) {
 /// connection goes to the next client.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_holding_a_server_without_a_request_is_timed_out() {
-    let _alone = one_at_a_time();
+    // One of them counts all of alice's backends on the shared cluster.
+    let _alone = common::one_at_a_time();
     let pg = PgCluster::shared();
     pg.psql_super_db(
         "app",
@@ -97,7 +89,8 @@ async fn a_client_holding_a_server_without_a_request_is_timed_out() {
 /// message do not reset it); so does usher now.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_byte_trickle_does_not_hold_off_idle_transaction_timeout() {
-    let _alone = one_at_a_time();
+    // One of them counts all of alice's backends on the shared cluster.
+    let _alone = common::one_at_a_time();
     let pg = PgCluster::shared();
     let usher = Usher::start(
         pg,
@@ -153,7 +146,8 @@ async fn waiting(usher: &Usher) -> String {
 /// close, or a Terminate), it stops waiting and its query never runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_leaves_while_waiting_is_not_waited_for() {
-    let _alone = one_at_a_time();
+    // One of them counts all of alice's backends on the shared cluster.
+    let _alone = common::one_at_a_time();
     let pg = PgCluster::shared();
     pg.psql_super_db(
         "app",
@@ -264,7 +258,8 @@ fn backends(pg: &PgCluster) -> (usize, usize) {
 /// pool_size bounds alice's backends, and the server connections come back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_leaving_mid_query_has_its_query_cancelled() {
-    let _alone = one_at_a_time();
+    // One of them counts all of alice's backends on the shared cluster.
+    let _alone = common::one_at_a_time();
     let pg = PgCluster::shared();
     for mode in ["transaction", "session"] {
         let usher = Usher::start(

@@ -279,7 +279,7 @@ impl ServerConn {
                 })
                 .collect();
             let sql = format!("SELECT {}", calls.join(", "));
-            own_statement_begin(&mut out).map_err(|e| internal(&e))?;
+            close_own_statement(&mut out).map_err(|e| internal(&e))?;
             frontend::parse(OWN_STATEMENT, &sql, std::iter::empty(), &mut out)
                 .map_err(|e| internal(&e))?;
             let values = settings
@@ -305,7 +305,7 @@ impl ServerConn {
                 frontend::BindError::Serialization(e) => internal(&e),
             })?;
             frontend::execute(OWN_STATEMENT, 0, &mut out).map_err(|e| internal(&e))?;
-            own_statement_begin(&mut out).map_err(|e| internal(&e))?;
+            close_own_statement(&mut out).map_err(|e| internal(&e))?;
             frontend::sync(&mut out);
             replies += 1;
         }
@@ -370,7 +370,7 @@ pub(crate) const OWN_STATEMENT: &str = "usher_own";
 
 /// Closes usher's own portal and statement (harmless if absent: a Close
 /// never fails, even after an error left them behind).
-pub(crate) fn own_statement_begin(out: &mut BytesMut) -> std::io::Result<()> {
+pub(crate) fn close_own_statement(out: &mut BytesMut) -> std::io::Result<()> {
     frontend::close(b'P', OWN_STATEMENT, out)?;
     frontend::close(b'S', OWN_STATEMENT, out)
 }
@@ -378,7 +378,7 @@ pub(crate) fn own_statement_begin(out: &mut BytesMut) -> std::io::Result<()> {
 /// `sql` (one statement, no parameters) as usher's own extended-protocol
 /// statement: Parse, Bind, Execute and the Closes, without a Sync.
 pub(crate) fn own_statement(sql: &str, out: &mut BytesMut) -> std::io::Result<()> {
-    own_statement_begin(out)?;
+    close_own_statement(out)?;
     frontend::parse(OWN_STATEMENT, sql, std::iter::empty(), out)?;
     frontend::bind(
         OWN_STATEMENT,
@@ -394,7 +394,7 @@ pub(crate) fn own_statement(sql: &str, out: &mut BytesMut) -> std::io::Result<()
         frontend::BindError::Serialization(e) => e,
     })?;
     frontend::execute(OWN_STATEMENT, 0, out)?;
-    own_statement_begin(out)
+    close_own_statement(out)
 }
 
 /// Reads one backend message into `buf` and parses it.

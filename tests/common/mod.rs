@@ -750,3 +750,13 @@ pub fn status_kb(pid: u32, field: &str) -> u64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("{field} in /proc/{pid}/status"))
 }
+
+/// For the tests of one binary that must not overlap (e.g. each counts
+/// all of alice's backends on the shared cluster): held across the test's
+/// awaits on purpose, each test has a runtime of its own, so a waiting one
+/// blocks only its own thread.
+#[allow(dead_code)]
+pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}

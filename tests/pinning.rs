@@ -376,7 +376,9 @@ async fn pinning_off_does_nothing() {
     let usher = usher(pg, "pinning: off\n").await;
     let port = usher.addr.port();
     let a = connect(port).await;
-    a.run("LISTEN jobs").await;
+    // A channel of its own: a NOTIFY of another test's channel would
+    // reach the idle backend, and the pool would replace it.
+    a.run("LISTEN jobs_unpinned").await;
     let b = connect(port).await;
     assert_eq!(
         b.value("SELECT count(*) FROM pg_listening_channels()")

@@ -140,6 +140,43 @@ async fn copy_in_and_out() {
     }
 }
 
+/// tokio-postgres (as libpq) sends a Sync right after the Execute of a
+/// COPY FROM STDIN, which PostgreSQL ignores in COPY IN mode: it owes no
+/// ReadyForQuery, and the server connection goes back to the pool at the
+/// end of the COPY's transaction as after any other (pool_size 1: the
+/// next client gets it, the same backend).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_in_gives_its_server_connection_back() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(
+        pg,
+        "pool_mode: transaction\npool_size: 1\nquery_wait_timeout: 10\n",
+    )
+    .await;
+    let a = usher.alice().await;
+    let b = usher.alice().await;
+    a.batch_execute("DROP TABLE IF EXISTS copy_back; CREATE TABLE copy_back (v int)")
+        .await
+        .unwrap();
+    for round in 0..3 {
+        let sink = a.copy_in("COPY copy_back FROM STDIN").await.unwrap();
+        pin_mut!(sink);
+        sink.send(bytes::Bytes::from("1\n2\n")).await.unwrap();
+        assert_eq!(sink.finish().await.unwrap(), 2, "round {round}");
+        let after_copy = backend_pid(&a).await;
+        let other = tokio::time::timeout(std::time::Duration::from_secs(20), backend_pid(&b))
+            .await
+            .expect("the other client got the server connection");
+        assert_eq!(other, after_copy, "round {round}: one server connection");
+    }
+    let n: i64 = b
+        .query_one("SELECT count(*) FROM copy_back", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 6);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_million_rows_stream_through() {
     let pg = PgCluster::shared();

@@ -3,8 +3,8 @@
 //! name exists for a client exactly when PostgreSQL would have it on a
 //! direct connection (issue 26, items 3 and 4): a second Parse of a name is
 //! refused with 42P05 and the rest of its batch skipped; a Parse the
-//! server refused or skipped leaves no name; a Close it skipped removes
-//! none. Each sequence runs through usher (both modes, pool_size 1) and
+//! server refused or skipped leaves no name (also one of a text usher
+//! already holds on that connection); a Close it skipped removes none. Each sequence runs through usher (both modes, pool_size 1) and
 //! directly, and the answers must be the same.
 
 mod common;
@@ -136,6 +136,20 @@ async fn a_parse_refused_or_skipped_leaves_no_name() {
             vec![Parse(s("s9"), s("select 9"), vec![]), Sync],
             vec![Query(s("ROLLBACK"))],
             vec![Bind(s(""), s("s9"), vec![]), Execute(s(""), 0), Sync],
+        ],
+    )
+    .await;
+    // usher holds the text already (on that server connection): its
+    // check of the text meets the failed block as the Parse would.
+    same_as_directly(
+        "refused in a failed block, a text the server holds",
+        vec![
+            vec![Parse(s("s1"), s("select 9"), vec![]), Sync],
+            vec![Query(s("BEGIN")), Query(s("select 1/0"))],
+            vec![Parse(s("s2"), s("select 9"), vec![]), Sync],
+            vec![Query(s("ROLLBACK"))],
+            vec![Bind(s(""), s("s2"), vec![]), Execute(s(""), 0), Sync],
+            vec![Bind(s(""), s("s1"), vec![]), Execute(s(""), 0), Sync],
         ],
     )
     .await;

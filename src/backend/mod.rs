@@ -45,9 +45,49 @@ use tokio::net::TcpStream;
 
 static NEXT_SERVER_ID: AtomicU64 = AtomicU64::new(1);
 
-/// Ids of usher's named statements a server connection holds, least
-/// recently used first.
-pub type PreparedSet = lru::LruCache<u64, ()>;
+/// What a server connection holds of usher's statements (transaction
+/// mode, see frontend::prepared): the ids of usher's named statements,
+/// least recently used first (the set derefs to them), and which client's
+/// unnamed statement it holds, if usher knows.
+#[derive(Debug)]
+pub struct PreparedSet {
+    named: lru::LruCache<u64, ()>,
+    /// The token of the client unnamed statement the server's unnamed
+    /// statement is (`frontend::prepared::Unnamed`); `None` when nobody's
+    /// or unknown. usher's own Query traffic forgets it.
+    unnamed: Option<u64>,
+}
+
+impl PreparedSet {
+    pub fn unbounded() -> Self {
+        PreparedSet {
+            named: lru::LruCache::unbounded(),
+            unnamed: None,
+        }
+    }
+
+    /// The client unnamed statement the server holds as its unnamed one.
+    pub fn unnamed(&self) -> Option<u64> {
+        self.unnamed
+    }
+
+    pub fn set_unnamed(&mut self, token: Option<u64>) {
+        self.unnamed = token;
+    }
+}
+
+impl std::ops::Deref for PreparedSet {
+    type Target = lru::LruCache<u64, ()>;
+    fn deref(&self) -> &Self::Target {
+        &self.named
+    }
+}
+
+impl std::ops::DerefMut for PreparedSet {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.named
+    }
+}
 
 /// Where to send a cancel request for whatever a server connection runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -153,7 +193,7 @@ impl ServerConn {
             params: ServerParams::new(params),
             created: now,
             last_used: now,
-            prepared: lru::LruCache::unbounded(),
+            prepared: PreparedSet::unbounded(),
             sessions_served: 0,
         }
     }
@@ -336,6 +376,10 @@ impl ServerConn {
         mut replies: usize,
         mut visit: impl FnMut(Message),
     ) -> Result<(), QueryError> {
+        if contains_query(request) {
+            // A simple Query drops the server's unnamed statement.
+            self.prepared.set_unnamed(None);
+        }
         self.stream
             .write_all(request)
             .await
@@ -359,6 +403,18 @@ impl ServerConn {
         self.last_used = Instant::now();
         failure.map_or(Ok(()), |e| Err(QueryError::Server(e)))
     }
+}
+
+/// Whether `request` (whole frontend messages) holds a simple Query.
+fn contains_query(request: &[u8]) -> bool {
+    let mut at = 0;
+    while let Some(head) = request.get(at..at + 5) {
+        if head[0] == crate::protocol::tags::frontend::QUERY {
+            return true;
+        }
+        at += 1 + u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+    }
+    false
 }
 
 /// The name of the statement and portal usher's own statements use on a

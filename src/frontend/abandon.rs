@@ -66,6 +66,9 @@ pub(super) async fn recover(pool: Arc<Pool>, mode: PoolMode, mut left: Abandoned
                 server = id,
                 "server connection recovered from a client that left"
             );
+            // Whatever it holds as its unnamed statement, it is nobody's
+            // the next client may count on.
+            left.checkout.conn.prepared_mut().set_unnamed(None);
             let state = left.flow.state_left();
             match mode {
                 PoolMode::Session => pool.reset_and_checkin(left.checkout).await,

@@ -27,6 +27,7 @@
 
 use super::prepared::{self, Answer, Prepares, QueryRewrite, ResponsePlan, Segment};
 use super::sql_scan::{self, Effects, PinKinds, SqlPrepared};
+use super::unnamed::Use;
 use crate::backend::PreparedSet;
 use crate::config::{Pinning, PoolMode};
 use crate::protocol::error::sqlstate;
@@ -42,6 +43,25 @@ pub const ERROR_BODY_LIMIT: usize = 64 * 1024;
 /// The SQLSTATE of "cached plan must not change result type" (also used
 /// for other unsupported features: a false alarm costs a re-prepare).
 const STALE_STATEMENT: &[u8] = b"0A000";
+
+/// The SQLSTATE of "cache lookup failed for type" (a statement whose type
+/// DDL dropped and made again; an internal error otherwise, where a
+/// re-prepare costs little).
+const INTERNAL_ERROR: &[u8] = b"XX000";
+
+/// An error after which the statements bound since the last ReadyForQuery
+/// are renewed (prepared afresh where next used).
+fn renews(code: &[u8]) -> bool {
+    code == STALE_STATEMENT || code == INTERNAL_ERROR
+}
+
+/// A CommandComplete tag of a statement that may change what prepared
+/// statements mean (their parameter or result types).
+fn changes_schema(tag: &[u8]) -> bool {
+    [&b"CREATE "[..], b"ALTER ", b"DROP "]
+        .iter()
+        .any(|p| tag.starts_with(p))
+}
 
 /// Query and Parse messages up to this size are read whole, so their SQL
 /// can be scanned for what it does to the session (`sql_scan`); larger
@@ -65,6 +85,10 @@ pub enum ClientStep {
     /// It is refused: send [`refused_message`] in its place (the flow has
     /// counted it as sent).
     Refuse,
+    /// It uses the unnamed statement, which a message of an earlier batch
+    /// may or may not have changed: stop before it and walk it again once
+    /// the server has answered more (see `super::unnamed`).
+    Wait,
 }
 
 /// What to do with a server message.
@@ -78,9 +102,6 @@ pub enum ServerStep {
     /// The client did not ask for it (a ParseComplete of a statement usher
     /// prepared on its own): drop it.
     Drop,
-    /// Send ParseComplete instead (a Close that stood in for a Parse the
-    /// server did not need).
-    SendParseComplete,
     /// The server's error for a refused statement: send usher's
     /// ([`Flow::take_refusal`]) instead.
     SendRefusal,
@@ -225,6 +246,17 @@ pub struct Flow {
     /// connected to them (`Effects::databases`), until the session takes
     /// them ([`Flow::take_closing`]).
     closing: Vec<String>,
+    /// DDL completed since the session last asked
+    /// ([`Flow::take_schema_changed`]).
+    schema_changed: bool,
+    /// DDL completed in the transaction not yet ended: its end changes the
+    /// schema for everyone else.
+    ddl_open: bool,
+    /// `syncs_sent` when the client ended a COPY IN (CopyDone or CopyFail)
+    /// before usher saw the server start it (see [`Flow::copy_started_at`]).
+    copy_end: Option<u64>,
+    /// The number (`syncs_sent`) of the last Query sent.
+    last_query: u64,
 }
 
 /// What an extended-protocol segment held, for the replay's safety.
@@ -290,6 +322,10 @@ impl Flow {
             answered: false,
             error: None,
             closing: Vec::new(),
+            schema_changed: false,
+            ddl_open: false,
+            copy_end: None,
+            last_query: 0,
         }
     }
 
@@ -306,7 +342,9 @@ impl Flow {
             frontend::QUERY => Some(len <= SCAN_LIMIT),
             frontend::PARSE if len <= SCAN_LIMIT => Some(true),
             _ if !rewriting => Some(false),
-            frontend::PARSE => head.first().map(|b| *b != 0),
+            // Named: the text is the shared statement's key; unnamed: it
+            // is kept, to parse again where the client uses it.
+            frontend::PARSE => Some(true),
             frontend::BIND => prepared::bind_names(head).map(|_| false),
             frontend::DESCRIBE | frontend::CLOSE => Some(true),
             _ => Some(false),
@@ -315,6 +353,14 @@ impl Flow {
 
     /// A client message (whole, or its head if it streams).
     pub fn client_message(&mut self, tag: u8, body: &[u8]) -> ClientStep {
+        let mut check_unnamed = false;
+        if self.rewriting && prepared::uses_unnamed(tag, body) {
+            match self.plan.unnamed_use() {
+                Use::Here => {}
+                Use::Check => check_unnamed = true,
+                Use::Wait => return ClientStep::Wait,
+            }
+        }
         let mut carried = false;
         let effects = match tag {
             frontend::QUERY => {
@@ -362,22 +408,37 @@ impl Flow {
                 self.queries += 1;
                 ClientStep::Rewrite
             }
+            // PostgreSQL ignores a Sync in COPY IN mode: no ReadyForQuery.
+            frontend::SYNC if self.copy_in => ClientStep::Forward,
             frontend::QUERY | frontend::SYNC | frontend::FUNCTION_CALL => {
                 self.queries += u64::from(tag == frontend::QUERY);
+                if self.rewriting && tag == frontend::QUERY {
+                    self.plan.drops_unnamed();
+                }
                 self.pending += 1;
                 self.unsynced = false;
                 self.plan.sync_sent();
                 self.syncs_sent += 1;
+                if tag == frontend::QUERY {
+                    self.last_query = self.syncs_sent;
+                }
                 ClientStep::Forward
             }
             frontend::COPY_DONE | frontend::COPY_FAIL => {
+                if !self.copy_in {
+                    // Ends a COPY usher has not yet seen start (or none).
+                    self.copy_end = Some(self.syncs_sent);
+                }
                 self.copy_in = false;
                 ClientStep::Forward
             }
             frontend::FLUSH | frontend::COPY_DATA => ClientStep::Forward,
             frontend::PARSE | frontend::BIND | frontend::DESCRIBE | frontend::CLOSE
-                if refused.is_none() && self.rewriting && prepared::needs_rewrite(tag, body) =>
+                if refused.is_none()
+                    && self.rewriting
+                    && (check_unnamed || prepared::needs_rewrite(tag, body)) =>
             {
+                self.plan.rewriting(!self.unsynced);
                 ClientStep::Rewrite
             }
             _ => {
@@ -392,6 +453,12 @@ impl Flow {
         };
         match (refused, effects) {
             (Some(error), _) => {
+                if self.rewriting && tag == frontend::PARSE && body.first() == Some(&0) {
+                    // Its stand-in fails: the client has no unnamed
+                    // statement after it (unless it was skipped, which
+                    // usher does not tell apart here).
+                    self.plan.drops_unnamed();
+                }
                 // A Query ends its own segment; a Parse, the next Sync's.
                 let segment = self.syncs_sent + u64::from(tag == frontend::PARSE);
                 self.refusals.push_back((segment, error));
@@ -501,6 +568,7 @@ impl Flow {
             self.segment_sent();
             self.track(own, false);
         }
+        self.plan.drops_unnamed();
         self.segment_sent();
         if let Some(error) = rewrite.refused {
             self.refusals.push_back((self.syncs_sent, error));
@@ -746,13 +814,21 @@ impl Flow {
         client_at_boundary: bool,
     ) -> (ServerStep, Option<Note>) {
         let mut note = None;
+        if tag == backend::COMMAND_COMPLETE && changes_schema(body) {
+            self.schema_changed = true;
+            self.ddl_open = true;
+        }
         let step = match tag {
             backend::COPY_IN_RESPONSE => {
-                self.copy_in = true;
+                self.copy_in = self.copy_started_at();
                 ServerStep::Forward
             }
             backend::READY_FOR_QUERY => {
                 self.copy_in = false;
+                if self.copy_end.is_some_and(|e| e <= self.ready_seen) {
+                    // Not the end of a COPY to come.
+                    self.copy_end = None;
+                }
                 self.pending = self.pending.saturating_sub(1);
                 self.ready_seen += 1;
                 // A refused message the server skipped (an earlier error in
@@ -765,6 +841,11 @@ impl Flow {
                     self.refusals.pop_front();
                 }
                 self.status = body.first().copied().unwrap_or(status::IDLE);
+                if self.ddl_open && self.status == status::IDLE {
+                    // Committed (or rolled back): now others see it.
+                    self.ddl_open = false;
+                    self.schema_changed = true;
+                }
                 self.answered = false;
                 if self.rewriting {
                     self.plan.ready(prepared);
@@ -829,11 +910,13 @@ impl Flow {
                 match self.plan.answer(tag, prepared) {
                     Answer::Forward => ServerStep::Forward,
                     Answer::Drop => ServerStep::Drop,
-                    Answer::AsParseComplete => ServerStep::SendParseComplete,
                 }
             }
             backend::ERROR_RESPONSE => {
                 self.server_fatal |= messages::error_is_fatal(body);
+                if self.rewriting {
+                    self.plan.error(prepared);
+                }
                 let adjusted = if body.is_empty() {
                     // Not read whole: it goes as it is.
                     None
@@ -858,7 +941,7 @@ impl Flow {
                 if let Some(step) = adjusted {
                     let code = messages::error_code(body).unwrap_or_default();
                     let stale = if matches!(step, ServerStep::Retry | ServerStep::Replay)
-                        || step == ServerStep::SendError && code == STALE_STATEMENT
+                        || step == ServerStep::SendError && renews(code)
                     {
                         self.plan.take_used()
                     } else {
@@ -873,7 +956,7 @@ impl Flow {
                     ServerStep::SendRefusal
                 } else {
                     let code = messages::error_code(body).unwrap_or_default();
-                    let stale = if self.rewriting && code == STALE_STATEMENT {
+                    let stale = if self.rewriting && renews(code) {
                         self.plan.take_used()
                     } else {
                         Vec::new()
@@ -890,15 +973,62 @@ impl Flow {
         if tag != backend::READY_FOR_QUERY
             && matches!(
                 step,
-                ServerStep::Forward
-                    | ServerStep::SendParseComplete
-                    | ServerStep::SendRefusal
-                    | ServerStep::SendError
+                ServerStep::Forward | ServerStep::SendRefusal | ServerStep::SendError
             )
         {
             self.answered = true;
         }
         (step, note)
+    }
+
+    /// The server started a COPY IN (in the segment being answered): the
+    /// Syncs the client sent after the message that started it, and before
+    /// its CopyDone or CopyFail, are ignored by the server (tokio-postgres
+    /// and libpq send one right after an Execute of COPY): they owe no
+    /// ReadyForQuery, and their segments are the COPY's. Returns whether
+    /// the COPY is still on from the client's side.
+    fn copy_started_at(&mut self) -> bool {
+        let r = self.ready_seen + 1;
+        let (last, on) = match self.copy_end.take() {
+            Some(e) => (e, false),
+            None => (self.syncs_sent, true),
+        };
+        // A Query that started it is its own end, not a Sync.
+        let mut ignored = (last + 1).saturating_sub(r);
+        if ignored > 0 && self.last_query == r {
+            ignored -= 1;
+        }
+        if ignored > 0 {
+            self.syncs_ignored(r, ignored);
+        }
+        on
+    }
+
+    /// Syncs `r..r + n` (counted from 1) owe nothing: later segments are
+    /// numbered `n` lower, and those ended by them join segment `r`.
+    fn syncs_ignored(&mut self, r: u64, n: u64) {
+        let shift = |v: u64| match v {
+            v if v < r => v,
+            v if v < r + n => r,
+            v => v - n,
+        };
+        self.pending = self.pending.saturating_sub(n as u32);
+        self.syncs_sent -= n;
+        self.last_query = shift(self.last_query);
+        if self.syncs_sent < r {
+            self.unsynced = true;
+        }
+        for (segment, _) in &mut self.refusals {
+            *segment = shift(*segment);
+        }
+        for t in &mut self.tracked {
+            t.segment = shift(t.segment);
+        }
+        if self.resets_from > 0 {
+            self.resets_from = shift(self.resets_from);
+        }
+        self.copy = self.copy.map(shift);
+        self.plan.syncs_ignored(r, n);
     }
 
     /// A stale statement's error (0A000) for a protocol-level Bind that
@@ -1088,6 +1218,13 @@ impl Flow {
         self.server_fatal
     }
 
+    /// DDL completed (or the transaction that ran it ended) since last
+    /// asked: shared statements prepared before must not serve new Parses
+    /// (`StatementRegistry::schema_changed`).
+    pub fn take_schema_changed(&mut self) -> bool {
+        std::mem::take(&mut self.schema_changed)
+    }
+
     /// A DISCARD ALL completed since last asked.
     pub fn take_discarded(&mut self) -> bool {
         std::mem::take(&mut self.discarded)
@@ -1153,6 +1290,8 @@ impl Flow {
             && self.refuse_next.is_none()
             && self.refusals.is_empty()
             && self.refusal.is_none()
+            && !self.schema_changed
+            && !self.ddl_open
             // Only their difference counts (refused segments).
             && self.syncs_sent == self.ready_seen
     }
@@ -1328,7 +1467,6 @@ mod tests {
                         matches!(
                             s,
                             ServerStep::Drop
-                                | ServerStep::SendParseComplete
                                 | ServerStep::SendRefusal
                                 | ServerStep::Retry
                                 | ServerStep::Replay
@@ -1516,6 +1654,76 @@ mod tests {
             );
             assert!(!h.flow.copy_in());
         }
+    }
+
+    /// tokio-postgres and libpq send Bind, Execute, Sync for a COPY FROM
+    /// STDIN, then the data, CopyDone and Sync: PostgreSQL ignores the
+    /// first Sync (it arrives in COPY IN mode), so only one ReadyForQuery
+    /// comes, whether the client's CopyDone went before usher saw the COPY
+    /// start or after.
+    #[test]
+    fn a_sync_the_server_ignores_in_copy_in_owes_nothing() {
+        let copy = cat(&[
+            msg(frontend::BIND, b"\0\0\0\0\0\0\0\0"),
+            msg(frontend::EXECUTE, b"\0\0\0\0\0"),
+            msg(frontend::SYNC, b""),
+        ]);
+        let end = cat(&[
+            msg(frontend::COPY_DATA, b"1\n"),
+            msg(frontend::COPY_DONE, b""),
+            msg(frontend::SYNC, b""),
+        ]);
+        let answers = |h: &mut Harness| {
+            h.server(&cat(&[
+                msg(backend::BIND_COMPLETE, b""),
+                msg(backend::COPY_IN_RESPONSE, b"\0\0\0"),
+            ]))
+        };
+        // The data after the COPY started.
+        let mut h = Harness::new(PoolMode::Transaction, false);
+        h.client(&copy);
+        answers(&mut h);
+        assert!(h.flow.copy_in() && h.flow.pending() == 0 && h.flow.unsynced());
+        h.client(&end);
+        assert_eq!(h.flow.pending(), 1);
+        let got = h.server(&cat(&[complete("COPY 1"), ready(status::IDLE)]));
+        assert_eq!(steps(&got), [Forward, ForwardThenRelease]);
+        assert!(h.flow.quiet());
+        // All of it before.
+        let mut h = Harness::new(PoolMode::Transaction, false);
+        h.client(&cat(&[copy.clone(), end.clone()]));
+        assert_eq!(h.flow.pending(), 2);
+        answers(&mut h);
+        assert!(!h.flow.copy_in() && h.flow.pending() == 1);
+        let got = h.server(&cat(&[complete("COPY 1"), ready(status::IDLE)]));
+        assert_eq!(steps(&got), [Forward, ForwardThenRelease]);
+        assert!(h.flow.quiet());
+        // A Query's COPY: the Query is its own end.
+        let mut h = Harness::new(PoolMode::Transaction, false);
+        h.client(&msg(frontend::QUERY, b"copy t from stdin\0"));
+        h.server(&msg(backend::COPY_IN_RESPONSE, b"\0\0\0"));
+        assert_eq!(h.flow.pending(), 1);
+    }
+
+    /// DDL tells the session at once, and again when its transaction
+    /// ends (others see it only then).
+    #[test]
+    fn ddl_changes_the_schema_when_it_completes_and_when_its_block_ends() {
+        let mut h = Harness::new(PoolMode::Transaction, true);
+        h.client(&query("BEGIN; ALTER TABLE t ADD COLUMN c int"));
+        h.server(&cat(&[complete("BEGIN"), complete("ALTER TABLE")]));
+        assert!(h.flow.take_schema_changed());
+        h.server(&ready(status::IN_TRANSACTION));
+        assert!(!h.flow.take_schema_changed());
+        h.client(&query("COMMIT"));
+        h.server(&cat(&[complete("COMMIT"), ready(status::IDLE)]));
+        assert!(h.flow.take_schema_changed(), "committed");
+        h.client(&query("SELECT 1"));
+        h.server(&cat(&[complete("SELECT 1"), ready(status::IDLE)]));
+        assert!(!h.flow.take_schema_changed());
+        h.flow.take_queries();
+        ClientStatements::default().sync_unnamed(h.flow.plan_mut());
+        assert!(h.flow.at_rest());
     }
 
     #[test]
@@ -1724,19 +1932,19 @@ mod tests {
         ]));
         assert_eq!(steps(&got), [Forward, ForwardThenRelease]);
         h.flow.released();
-        // The same Parse again on a server that has it: a Close stands in.
+        // The same Parse again on a server that has it: the text is
+        // checked under a name of usher's, closed at once.
         assert_eq!(h.client(&parse), [ClientStep::Rewrite]);
         let out = rewrite(&mut h, &mut statements, &parse);
-        assert_eq!(out[0], frontend::CLOSE);
+        assert_eq!(out[0], frontend::PARSE);
+        assert!(out.windows(11).any(|w| w == b"usher_check"));
         h.client(&msg(frontend::SYNC, b""));
         let got = h.server(&cat(&[
+            msg(backend::PARSE_COMPLETE, b""),
             msg(backend::CLOSE_COMPLETE, b""),
             ready(status::IDLE),
         ]));
-        assert_eq!(
-            steps(&got),
-            [ServerStep::SendParseComplete, ForwardThenRelease]
-        );
+        assert_eq!(steps(&got), [Forward, ServerStep::Drop, ForwardThenRelease]);
         h.flow.released();
         // Another server connection without it: a Bind brings a Parse.
         h.prepared.clear();
@@ -2432,7 +2640,7 @@ mod tests {
         let mut h = Harness::new(PoolMode::Transaction, true);
         h.flow.slot_taken();
         let steps = h.client(&cat(&[
-            msg(frontend::PARSE, b"\0select 1\0\0\0"),
+            msg(frontend::EXECUTE, b"\0\0\0\0\0"),
             query("PREPARE b AS SELECT 1"),
         ]));
         assert_eq!(steps, [ClientStep::Forward, ClientStep::Forward]);

@@ -9,6 +9,8 @@
 //! - [`slots`]: login slots, in all and per address.
 //! - [`stream`]: the client's connection, plain or TLS.
 //! - [`flow`]: the forwarding decisions, without I/O (unit-tested).
+//! - [`prepared`]: named prepared statements carried in transaction mode;
+//!   [`unnamed`]: the client's unnamed statement, kept as PostgreSQL keeps it.
 //! - [`budget`]: the memory all clients' read buffers may hold together.
 //! - [`spare_buffers`]: forwarding buffers kept per thread between transactions.
 //! - [`abandon`]: a server connection its client left busy: cancelled,
@@ -28,6 +30,7 @@ pub mod prepared;
 pub(crate) mod session;
 mod spare_buffers;
 pub mod sql_scan;
+pub(crate) mod unnamed;
 
 use crate::metrics::ErrorSource;
 use crate::protocol::{PgError, Severity};

@@ -28,6 +28,7 @@
 //! EXECUTE to run again).
 
 use super::sql_scan::{self, SqlPrepared};
+use super::unnamed::{self, By, Outcome, Unnamed, UnnamedTrack, Use};
 use crate::backend::PreparedSet;
 use crate::protocol::tags::{backend, frontend, target};
 use crate::protocol::PgError;
@@ -39,6 +40,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A statement name no server connection ever holds.
 const ABSENT_STATEMENT: &str = "usher_absent";
+
+/// The name a client's Parse of a statement the server already holds is
+/// checked under (made and closed at once).
+const CHECK_STATEMENT: &str = "usher_check";
 
 /// What stands in for a client's `DEALLOCATE name` of a statement usher
 /// carries: the server answers it `DEALLOCATE` (after a `PREPARE` usher
@@ -62,25 +67,52 @@ const REGISTRY_LIMIT: usize = 100_000;
 /// the SHA-256 of the definition, so an entry is small whatever the
 /// statement's size; the texts live only with the clients that prepared
 /// them.
+///
+/// A client's Parse is matched only to a server statement prepared since
+/// the last DDL usher saw ([`StatementRegistry::schema_changed`]): each id
+/// remembers the schema epoch it was given in, and a Parse in a later
+/// epoch gets a new id (so it is prepared afresh, never matched to a
+/// statement whose parameter or result types the DDL changed). Statements
+/// clients prepared before keep theirs, as they would directly.
 #[derive(Debug, Default)]
 pub struct StatementRegistry {
-    ids: DashMap<[u8; 32], u64>,
+    /// Definition → (id, the epoch it was given in).
+    ids: DashMap<[u8; 32], (u64, u64)>,
     next: AtomicU64,
+    epoch: AtomicU64,
 }
 
 impl StatementRegistry {
     fn id_for(&self, definition: &[u8]) -> u64 {
         let key: [u8; 32] = Sha256::digest(definition).into();
-        if let Some(id) = self.ids.get(&key) {
-            return *id;
+        let epoch = self.epoch.load(Ordering::Relaxed);
+        if let Some(entry) = self.ids.get(&key) {
+            if entry.1 == epoch {
+                return entry.0;
+            }
         }
         if self.ids.len() >= REGISTRY_LIMIT {
             self.ids.clear();
         }
-        *self
+        let mut entry = self
             .ids
             .entry(key)
-            .or_insert_with(|| self.next.fetch_add(1, Ordering::Relaxed) + 1)
+            .or_insert_with(|| (self.new_id(), epoch));
+        if entry.1 != epoch {
+            *entry = (self.new_id(), epoch);
+        }
+        entry.0
+    }
+
+    fn new_id(&self) -> u64 {
+        self.next.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// A statement that may change what other statements mean (a CREATE,
+    /// ALTER or DROP) completed, or the transaction that ran one ended:
+    /// Parses from now on are prepared afresh.
+    pub fn schema_changed(&self) {
+        self.epoch.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Statement `stale` (of this definition) is stale on the server (DDL
@@ -90,14 +122,15 @@ impl StatementRegistry {
     /// already renewed it to).
     fn renew(&self, definition: &[u8], stale: u64) -> u64 {
         let key: [u8; 32] = Sha256::digest(definition).into();
-        let mut id = self
+        let epoch = self.epoch.load(Ordering::Relaxed);
+        let mut entry = self
             .ids
             .entry(key)
-            .or_insert_with(|| self.next.fetch_add(1, Ordering::Relaxed) + 1);
-        if *id == stale {
-            *id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+            .or_insert_with(|| (self.new_id(), epoch));
+        if entry.0 == stale {
+            *entry = (self.new_id(), epoch);
         }
-        *id
+        entry.0
     }
 
     /// Distinct statements remembered now.
@@ -135,16 +168,30 @@ struct Statement {
     kind: Kind,
 }
 
-/// The named statements one client has prepared.
+/// The statements one client has prepared.
 #[derive(Debug, Default)]
 pub struct ClientStatements {
     /// Boxed on first use: most clients name no statement, and each idle
     /// client keeps this (8 bytes, not a map's 48).
     #[allow(clippy::box_collection)]
     by_name: Option<Box<HashMap<String, Statement>>>,
+    /// Its unnamed statement, as PostgreSQL would keep it (see
+    /// [`super::unnamed`]).
+    unnamed: Option<Unnamed>,
 }
 
 impl ClientStatements {
+    /// Takes in what the server's answers (and the client's Queries) did to
+    /// the unnamed statement since last asked.
+    pub fn sync_unnamed(&mut self, plan: &mut ResponsePlan) {
+        if let Some(now) = plan.unnamed.take_undone() {
+            self.unnamed = now;
+        }
+        if plan.unnamed.take_dropped() {
+            self.unnamed = None;
+        }
+    }
+
     /// DISCARD ALL / DEALLOCATE ALL: the client's statements are gone.
     pub fn clear(&mut self) {
         self.by_name = None;
@@ -218,16 +265,12 @@ pub struct NameChangeUndo(NameChange);
 pub enum Answer {
     Forward,
     Drop,
-    /// Send ParseComplete instead.
-    AsParseComplete,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Expect {
     /// The client's own Parse or Close.
     Pass,
-    /// A Close standing in for a Parse the server did not need.
-    ParseAsClose,
     /// A Parse of server statement `id`; `forward` if the client asked for it.
     Prepared { id: u64, forward: bool },
     /// usher's own Parse or Close the client never sent.
@@ -236,6 +279,9 @@ enum Expect {
     /// to the client's statements ([`ResponsePlan::changes`]) stands only
     /// if the server answers it (not skipped after an error, not refused).
     Named,
+    /// A message that changes the unnamed statement (a Parse or Close, or
+    /// a Query, which is answered by its ReadyForQuery).
+    Unnamed(unnamed::Event),
 }
 
 /// A change to a client's statements made when its Parse or Close went
@@ -263,17 +309,38 @@ pub struct ResponsePlan {
     /// Changes the server never answered, for the session to undo
     /// ([`ResponsePlan::take_undone`]).
     undone: Vec<NameChange>,
+    /// What the messages sent do to the unnamed statement.
+    unnamed: UnnamedTrack,
 }
 
 impl ResponsePlan {
     /// Nothing owed or remembered (as a new plan).
     pub fn is_empty(&self) -> bool {
-        self.owed.is_empty() && self.used.is_empty() && self.syncs_sent == self.ready_seen
+        self.owed.is_empty()
+            && self.used.is_empty()
+            && self.syncs_sent == self.ready_seen
+            && self.unnamed.is_empty()
     }
 
     /// A Sync or Query went to the server.
     pub fn sync_sent(&mut self) {
         self.syncs_sent += 1;
+    }
+
+    /// Syncs `r..r + n` (counted from 1) were ignored by the server (COPY
+    /// IN mode, see `Flow::copy_started_at`): renumber what is owed.
+    pub fn syncs_ignored(&mut self, r: u64, n: u64) {
+        // Entries hold the Syncs sent before them (their Sync's number - 1).
+        let shift = |s: u64| match s + 1 {
+            v if v < r => s,
+            v if v < r + n => r - 1,
+            _ => s - n,
+        };
+        self.syncs_sent -= n;
+        for (segment, _) in &mut self.owed {
+            *segment = shift(*segment);
+        }
+        self.unnamed.renumber(shift);
     }
 
     /// The client's own Parse or Close went to the server unchanged.
@@ -283,6 +350,46 @@ impl ResponsePlan {
 
     fn expect(&mut self, e: Expect) {
         self.owed.push_back((self.syncs_sent, e));
+    }
+
+    /// A message that changes the unnamed statement goes out next.
+    fn unnamed_sent(&mut self, by: By, after: Option<u64>, before: Option<Unnamed>) {
+        let event = self.unnamed.sent(self.syncs_sent, by, after, before);
+        self.expect(Expect::Unnamed(event));
+    }
+
+    /// The client's simple Query goes out next (before its
+    /// [`ResponsePlan::sync_sent`]): it drops the unnamed statement. Also
+    /// for the stand-in of a refused unnamed Parse.
+    pub fn drops_unnamed(&mut self) {
+        self.unnamed_sent(By::Drops, None, None);
+    }
+
+    /// What a Bind or Describe of the unnamed statement needs now.
+    pub fn unnamed_use(&self) -> Use {
+        self.unnamed.use_in(self.syncs_sent)
+    }
+
+    /// The flow stops at a message to rewrite; `fresh`: it is the first of
+    /// its batch.
+    pub fn rewriting(&mut self, fresh: bool) {
+        self.unnamed.set_fresh(fresh);
+    }
+
+    /// The server sent an ErrorResponse: it is about the first message of
+    /// the batch being answered that is not answered yet. If that message
+    /// changes the unnamed statement and may fail, it was refused (a client
+    /// Parse is always first in its batch or right after a marker of
+    /// usher's, see [`Rewriter::rewrite`]).
+    pub fn error(&mut self, prepared: &mut PreparedSet) {
+        self.forget_stale(prepared);
+        if let Some(&(segment, Expect::Unnamed(event))) = self.owed.front() {
+            let may_fail = !matches!(event.by, By::ClientClose | By::UsherClose);
+            if segment == self.ready_seen && may_fail {
+                self.owed.pop_front();
+                self.unnamed.decided(event, Outcome::Refused, prepared);
+            }
+        }
     }
 
     /// ReadyForQuery: whatever was owed for that Sync will not come.
@@ -306,6 +413,7 @@ impl ResponsePlan {
                 // The client's Parse or Close was skipped or refused:
                 // what it did to the name did not happen.
                 Expect::Named => self.undone.extend(self.changes.pop_front()),
+                Expect::Unnamed(event) => self.unnamed.decided(event, Outcome::Skipped, prepared),
                 _ => {}
             }
         }
@@ -351,11 +459,19 @@ impl ResponsePlan {
             self.owed.pop_front();
             self.changes.pop_front();
         }
+        if let Some(&(_, Expect::Unnamed(event))) = self.owed.front() {
+            self.owed.pop_front();
+            self.unnamed.decided(event, Outcome::Done, prepared);
+            return if event.by.clients() {
+                Answer::Forward
+            } else {
+                Answer::Drop
+            };
+        }
         match (tag, self.owed.pop_front().map(|(_, e)| e)) {
             (backend::PARSE_COMPLETE, Some(Expect::Prepared { forward: false, .. })) => {
                 Answer::Drop
             }
-            (backend::CLOSE_COMPLETE, Some(Expect::ParseAsClose)) => Answer::AsParseComplete,
             (_, Some(Expect::Drop)) => Answer::Drop,
             (_, Some(_)) => Answer::Forward,
             (_, None) => {
@@ -366,23 +482,30 @@ impl ResponsePlan {
     }
 }
 
-/// True if this client message names a statement and needs rewriting.
-/// `body` is the whole message body.
+/// True if this client message names a statement and needs rewriting:
+/// every Parse and every Close of a statement (they change what the
+/// client's names mean), and a Bind or Describe of a named statement.
+/// (Whether one of the unnamed statement needs anything is the flow's
+/// call: [`ResponsePlan::unnamed_use`].) `body` is the whole message body,
+/// or a Bind's head.
 pub fn needs_rewrite(tag: u8, body: &[u8]) -> bool {
     match tag {
-        frontend::PARSE => {
-            body.first().is_some_and(|b| *b != 0) || unnamed_deallocate(body).is_some()
-        }
-        frontend::BIND => {
-            // portal name, then statement name
-            let Some(end) = body.iter().position(|b| *b == 0) else {
-                return false;
-            };
-            body.get(end + 1).is_some_and(|b| *b != 0)
-        }
-        frontend::DESCRIBE | frontend::CLOSE => {
+        frontend::PARSE => true,
+        frontend::BIND => bind_names(body).is_some_and(|(_, name, _)| !name.is_empty()),
+        frontend::DESCRIBE => {
             body.first() == Some(&target::STATEMENT) && body.get(1).is_some_and(|b| *b != 0)
         }
+        frontend::CLOSE => body.first() == Some(&target::STATEMENT),
+        _ => false,
+    }
+}
+
+/// True if this client message uses the unnamed statement (a Bind of it,
+/// or a Describe of it). `body`: the whole body, or a Bind's head.
+pub fn uses_unnamed(tag: u8, body: &[u8]) -> bool {
+    match tag {
+        frontend::BIND => bind_names(body).is_some_and(|(_, name, _)| name.is_empty()),
+        frontend::DESCRIBE => body == [target::STATEMENT, 0],
         _ => false,
     }
 }
@@ -440,9 +563,16 @@ impl Rewriter<'_> {
     pub fn rewrite(&mut self, tag: u8, body: &[u8], out: &mut BytesMut) -> Result<(), PgError> {
         match tag {
             frontend::PARSE if body.first() == Some(&0) => {
-                // An unnamed Parse of DEALLOCATE name (needs_rewrite).
+                self.statements.sync_unnamed(self.plan);
                 let known =
                     unnamed_deallocate(body).filter(|name| self.statements.get(name).is_some());
+                if known.is_none() && !self.plan.unnamed.fresh() {
+                    // Not first in its batch: a marker whose answer comes
+                    // just before the Parse's, so that an error after it
+                    // is the Parse's own (ResponsePlan::error).
+                    put_close(out, ABSENT_STATEMENT);
+                    self.plan.expect(Expect::Drop);
+                }
                 let start = begin(out, frontend::PARSE);
                 match known {
                     Some(name) => {
@@ -472,7 +602,10 @@ impl Rewriter<'_> {
                         finish(out, start);
                     }
                 }
-                self.plan.passed();
+                let new = Unnamed::new(&body[1..]);
+                let after = Some(new.token);
+                let before = self.statements.unnamed.replace(new);
+                self.plan.unnamed_sent(By::ClientParse, after, before);
             }
             frontend::PARSE => {
                 let (name, rest) = split_cstr(body)?;
@@ -489,8 +622,18 @@ impl Rewriter<'_> {
                     },
                 );
                 if self.prepared.get(&id).is_some() {
-                    put_close(out, ABSENT_STATEMENT);
-                    self.plan.expect(Expect::ParseAsClose);
+                    // The server has it: the text is checked under a
+                    // name of usher's instead (so it fails where the
+                    // client's Parse would, with 25P02 in a failed block
+                    // or a syntax error), and dropped again (right after
+                    // it, so never skipped where it was made).
+                    let start = begin(out, frontend::PARSE);
+                    put_cstr(out, CHECK_STATEMENT);
+                    out.put_slice(&definition);
+                    finish(out, start);
+                    self.plan.expect(Expect::Pass);
+                    put_close(out, CHECK_STATEMENT);
+                    self.plan.expect(Expect::Drop);
                 } else {
                     self.parse_on_server(id, &definition, true, out);
                 }
@@ -500,6 +643,16 @@ impl Rewriter<'_> {
                 let (name, params) = split_cstr(rest)?;
                 self.rewrite_bind_head(portal, name, params.len(), out);
                 out.put_slice(params);
+            }
+            frontend::CLOSE if body.get(1) == Some(&0) => {
+                // The client's unnamed statement: gone once the server
+                // closes it (a Close never fails; it may be skipped).
+                self.statements.sync_unnamed(self.plan);
+                let before = self.statements.unnamed.take();
+                self.plan.unnamed_sent(By::ClientClose, None, before);
+                let start = begin(out, frontend::CLOSE);
+                out.put_slice(body);
+                finish(out, start);
             }
             frontend::DESCRIBE => {
                 let (name, _) = split_cstr(&body[1..])?;
@@ -729,6 +882,10 @@ impl Rewriter<'_> {
     /// on this server connection first if needed. Unknown names pass
     /// through, so the server reports them as it would directly.
     fn prepare_if_needed(&mut self, name: &str, out: &mut BytesMut) -> String {
+        if name.is_empty() {
+            self.unnamed_present(out);
+            return String::new();
+        }
         let Some(stmt) = self.statements.get(name).cloned() else {
             return name.to_string();
         };
@@ -745,6 +902,30 @@ impl Rewriter<'_> {
             self.plan.used.push(stmt.id);
         }
         server_name(stmt.id)
+    }
+
+    /// Before a Bind or Describe of the unnamed statement: unless the
+    /// server will hold the client's, parse it again (unseen), or close
+    /// the server's when the client has none (the server then answers
+    /// 26000, as directly).
+    fn unnamed_present(&mut self, out: &mut BytesMut) {
+        self.statements.sync_unnamed(self.plan);
+        let expected = self.plan.unnamed.expected(self.prepared);
+        match &self.statements.unnamed {
+            Some(u) if expected == Some(u.token) => {}
+            Some(u) => {
+                let start = begin(out, frontend::PARSE);
+                out.put_u8(0);
+                out.put_slice(&u.definition);
+                finish(out, start);
+                let after = Some(u.token);
+                self.plan.unnamed_sent(By::UsherParse, after, None);
+            }
+            None => {
+                put_close(out, "");
+                self.plan.unnamed_sent(By::UsherClose, None, None);
+            }
+        }
     }
 
     fn parse_on_server(&mut self, id: u64, definition: &[u8], forward: bool, out: &mut BytesMut) {
@@ -892,13 +1073,21 @@ mod tests {
     #[test]
     fn recognises_named_statement_messages() {
         assert!(needs_rewrite(b'P', b"s1\0select 1\0\0\0"));
-        assert!(!needs_rewrite(b'P', b"\0select 1\0\0\0"));
+        assert!(needs_rewrite(b'P', b"\0select 1\0\0\0"), "it is kept");
         assert!(needs_rewrite(b'B', b"\0s1\0rest"));
         assert!(!needs_rewrite(b'B', b"p\0\0rest"));
+        assert!(uses_unnamed(b'B', b"p\0\0rest"));
+        assert!(!uses_unnamed(b'B', b"p\0s1\0rest"));
         assert!(needs_rewrite(b'D', b"Ss1\0"));
         assert!(!needs_rewrite(b'D', b"Pp1\0"));
+        assert!(uses_unnamed(b'D', b"S\0"));
+        assert!(!uses_unnamed(b'D', b"P\0"));
         assert!(needs_rewrite(b'C', b"Ss1\0"));
-        assert!(!needs_rewrite(b'C', b"S\0"));
+        assert!(
+            needs_rewrite(b'C', b"S\0"),
+            "it drops the unnamed statement"
+        );
+        assert!(!needs_rewrite(b'C', b"P\0"));
     }
 
     #[test]
@@ -910,6 +1099,18 @@ mod tests {
         assert_eq!(a, b);
         assert_ne!(a, c);
         assert_eq!(r.len(), 2);
+    }
+
+    #[test]
+    fn a_parse_after_ddl_is_never_matched_to_a_statement_from_before() {
+        let r = StatementRegistry::default();
+        let def = b"insert into t values ($1)\0\0\0";
+        let before = r.id_for(def);
+        assert_eq!(r.id_for(def), before);
+        r.schema_changed();
+        let after = r.id_for(def);
+        assert_ne!(after, before, "prepared afresh");
+        assert_eq!(r.id_for(def), after, "and shared again");
     }
 
     #[test]
@@ -1029,8 +1230,8 @@ mod tests {
         w.rewrite(frontend::PARSE, b"t\0select 2\0\0\0", &mut out)
             .unwrap();
         let parse = b"\0DEALLOCATE t\0\0\0";
-        assert!(needs_rewrite(frontend::PARSE, parse));
-        assert!(!needs_rewrite(frontend::PARSE, b"\0DEALLOCATE ALL\0\0\0"));
+        assert!(unnamed_deallocate(parse).is_some());
+        assert!(unnamed_deallocate(b"\0DEALLOCATE ALL\0\0\0").is_none());
         out.clear();
         *w.plan = ResponsePlan::default();
         w.rewrite(frontend::PARSE, parse, &mut out).unwrap();
@@ -1061,11 +1262,24 @@ mod tests {
         );
         out.clear();
         *w.plan = ResponsePlan::default();
+        w.plan.rewriting(true);
         w.rewrite(frontend::PARSE, parse, &mut out).unwrap();
         assert_eq!(
             messages(&out),
             [(frontend::PARSE, parse.to_vec())],
             "gone: as it is"
+        );
+        // Not first in its batch: a marker first, so its error is told
+        // from an earlier message's.
+        out.clear();
+        w.plan.rewriting(false);
+        w.rewrite(frontend::PARSE, parse, &mut out).unwrap();
+        assert_eq!(
+            messages(&out),
+            [
+                (frontend::CLOSE, b"Susher_absent\0".to_vec()),
+                (frontend::PARSE, parse.to_vec())
+            ]
         );
         out.clear();
         let rewrite = w.rewrite_query(b"DEALLOCATE p\0", false, true, &mut out);

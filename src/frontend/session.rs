@@ -32,7 +32,7 @@ use crate::pool::{Checkout, PinSlot, Pool};
 use crate::protocol::error::sqlstate;
 use crate::protocol::frames::{FrameWalker, Visit};
 use crate::protocol::messages;
-use crate::protocol::tags::{backend, frontend};
+use crate::protocol::tags::frontend;
 use crate::protocol::PgError;
 use bytes::{Buf, BytesMut};
 use std::collections::HashMap;
@@ -147,6 +147,10 @@ struct Forwarding {
     copy: BytesMut,
     /// The copy went back in front of `in_buf`: walk it.
     replay: bool,
+    /// The walk stopped at a message that waits for the server's answers
+    /// (`ClientStep::Wait`): nothing more is read from the client, and the
+    /// walk goes on after the next server bytes.
+    waiting: bool,
     /// A client message came in whole since the serve loop last looked:
     /// what restarts its timers (bytes of an unfinished one do not).
     message_ended: bool,
@@ -389,6 +393,7 @@ impl Session {
             notes: Vec::new(),
             copy: BytesMut::new(),
             replay: false,
+            waiting: false,
             message_ended: false,
         };
         if let Some(checkout) = self.login_server.take() {
@@ -583,7 +588,7 @@ impl Session {
             let to_server = &mut fwd.to_server;
             // Backpressure: nothing more from the client until what it sent
             // is on its way to the server.
-            let read_client = to_server.is_empty();
+            let read_client = to_server.is_empty() && !fwd.waiting;
             let ask_readable = !std::mem::take(&mut known_readable);
             // Biased, in this order (no random draw per turn): shutdown and
             // the idle timer are rare; the client comes before the server,
@@ -656,6 +661,17 @@ impl Session {
             if result.is_ok() && std::mem::take(&mut fwd.replay) {
                 // A stale statement's segment goes again (ServerStep::Replay).
                 result = Box::pin(self.forward_client_data(client, fwd)).await;
+            }
+            if result.is_ok() && event == LoopEvent::ServerData && std::mem::take(&mut fwd.waiting)
+            {
+                // The server answered more: walk on from the message that
+                // waited (it waits again if it must).
+                result = Box::pin(self.forward_client_data(client, fwd)).await;
+                if let (Ok(()), Some(c)) = (&result, fwd.held.as_mut()) {
+                    if !fwd.to_server.is_empty() {
+                        write_to_server_now(c.conn.stream_mut(), &mut fwd.to_server).await;
+                    }
+                }
             }
             if let Err(end) = result {
                 return end;
@@ -965,6 +981,8 @@ impl Session {
                 )
                 .map_err(LoopEnd::Error)?;
             fwd.message_ended |= walked.ended;
+            // What the walked Queries did to the unnamed statement.
+            self.statements.sync_unnamed(fwd.flow.plan_mut());
             stats.queries(fwd.flow.take_queries());
             stats.received(walked.forward as u64);
             self.received += walked.forward as u64;
@@ -999,6 +1017,10 @@ impl Session {
             }
             match stopped_at {
                 None => return Ok(()),
+                Some((_, ClientStep::Wait)) => {
+                    fwd.waiting = true;
+                    return Ok(());
+                }
                 Some((_, ClientStep::Terminate)) => return Err(LoopEnd::ClientLeft),
                 Some((_, ClientStep::Pin)) => {
                     // Walked again once the flow knows whether it has a slot.
@@ -1168,11 +1190,15 @@ impl Session {
             for (name, id) in fwd.flow.take_failed_prepares() {
                 self.statements.forget_failed(&name, id);
             }
+            if fwd.flow.take_schema_changed() {
+                self.deps.statements.schema_changed();
+            }
             // Last change first: a Parse and a Close of one name, both
             // skipped, leave what was there before the Parse.
             for undo in fwd.flow.plan_mut().take_undone().into_iter().rev() {
                 self.statements.undo(undo);
             }
+            self.statements.sync_unnamed(fwd.flow.plan_mut());
             if walked.forward > 0 {
                 // Written from the buffer itself, then consumed: the buffer
                 // stays one block of its own, kept for the next read.
@@ -1211,9 +1237,6 @@ impl Session {
                     fwd.out_buf.advance(1 + len);
                     let mut out = BytesMut::new();
                     match step {
-                        ServerStep::SendParseComplete => {
-                            out.extend_from_slice(&[backend::PARSE_COMPLETE, 0, 0, 0, 4]);
-                        }
                         ServerStep::SendRefusal => {
                             if let Some(e) = fwd.flow.take_refusal() {
                                 metrics::count_error(ErrorSource::Usher, e.code.as_bytes());
@@ -1670,6 +1693,7 @@ impl std::future::Future for IdleWait<'_> {
 }
 
 /// What woke the serve loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum LoopEvent {
     ClientData,
     ServerData,

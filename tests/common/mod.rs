@@ -10,6 +10,7 @@ pub mod libpq;
 pub mod raw;
 pub mod replica;
 pub mod tls;
+pub mod turns;
 pub mod wait;
 pub mod wire;
 // Until the lead's canary.rs lands (then remove).

@@ -410,7 +410,9 @@ mod xdiff {
     /// ALL), `flush`, `sync` (a Sync in the middle of a batch),
     /// `duplicates` (a Close before each named Parse: no 42P05), `unnamed`
     /// (the unnamed statement bound or described only in the batch that
-    /// Parsed it).
+    /// Parsed it), `stale` (a client's statements from before DDL used
+    /// again: left out, each client closes them all after DDL, as a driver
+    /// does when it meets 0A000).
     pub struct Gen {
         rng: StdRng,
         leave_out: Vec<String>,
@@ -634,6 +636,14 @@ mod xdiff {
 
     /// DDL on the client's own table and type: result and parameter types
     /// change under its statements.
+    /// A text `ddl` made.
+    fn is_ddl(sql: &str) -> bool {
+        let s = sql.trim_start().to_ascii_lowercase();
+        ["alter ", "drop ", "create "]
+            .iter()
+            .any(|p| s.starts_with(p))
+    }
+
     fn ddl(rng: &mut Gen, t: &str, mood: &str) -> String {
         let sql = [
             format!("alter table {t} alter column v type text"),
@@ -661,6 +671,8 @@ mod xdiff {
         /// The transaction status of the direct side's last ReadyForQuery.
         status: char,
         belief: Belief,
+        /// DDL ran since this client's last batch.
+        after_ddl: bool,
     }
 
     pub async fn run(
@@ -743,6 +755,7 @@ mod xdiff {
                     direct,
                     status: 'I',
                     belief: Belief::default(),
+                    after_ddl: false,
                 });
                 continue;
             };
@@ -756,7 +769,7 @@ mod xdiff {
                 client.direct.close().await;
                 continue;
             }
-            let batch = match rng.gen_range(0..100) {
+            let mut batch = match rng.gen_range(0..100) {
                 // Out of a failed block, mostly.
                 _ if client.status == 'E' && rng.gen_bool(0.4) => {
                     vec![Frontend::Query("ROLLBACK".into())]
@@ -764,6 +777,26 @@ mod xdiff {
                 0..=14 => vec![Frontend::Query(query(&mut rng, &mut client.belief, &t))],
                 15..=21 if !rng.left_out("ddl") => vec![Frontend::Query(ddl(&mut rng, &t, &mood))],
                 _ => extended(&mut rng, &mut client.belief, &t, &mood),
+            };
+            if std::mem::take(&mut client.after_ddl) && rng.left_out("stale") {
+                // As a driver that meets 0A000 does: its statements from
+                // before the DDL are closed, and prepared again if used.
+                let mut closes: Vec<Frontend> = std::iter::once(String::new())
+                    .chain(client.belief.statements.keys().cloned())
+                    .map(|name| Frontend::Close('S', name))
+                    .collect();
+                closes.push(Frontend::Sync);
+                client.belief.statements.clear();
+                closes.extend(batch);
+                batch = closes;
+            }
+            if matches!(batch.first(), Some(Frontend::Query(sql)) if is_ddl(sql)) {
+                for c in clients.iter_mut().flatten() {
+                    c.after_ddl = true;
+                }
+            }
+            let Some(client) = clients[i].as_mut() else {
+                unreachable!("connected")
             };
             trail.log.push(format!("[{step}] client {i}: {batch:?}"));
             let got = converse(&mut client.through, &batch).await;

@@ -205,3 +205,36 @@ async fn a_close_skipped_after_an_error_removes_no_name() {
     )
     .await;
 }
+
+/// An error the server words with usher's name for the statement names
+/// the client's, as directly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_names_the_clients_statement() {
+    let pg = PgCluster::shared();
+    let batches = vec![
+        vec![Parse(s("mine"), s("select $1::int4"), vec![]), Sync],
+        vec![Bind(s(""), s("mine"), vec![]), Execute(s(""), 0), Sync],
+    ];
+    let usher = UsherProcess::builder(pg)
+        .extra("auth:\n  method: trust\npool_mode: transaction\npool_size: 1\n")
+        .start();
+    let (mut c, _) = RawClient::tcp(usher.addr(), &[("user", "alice"), ("database", "app")]).await;
+    let mut got = Vec::new();
+    for b in &batches {
+        got.extend(c.batch(b).await);
+    }
+    let errors: Vec<_> = got
+        .iter()
+        .filter_map(|m| match m {
+            Msg::Error(code, text) => Some((code.as_str(), text.as_str())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        errors,
+        [(
+            "08P01",
+            "bind message supplies 0 parameters, but prepared statement \"mine\" requires 1"
+        )]
+    );
+}

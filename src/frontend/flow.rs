@@ -118,6 +118,9 @@ pub enum ServerStep {
     /// drop the error and walk the client's copy of the segment again, in
     /// front of what the client sent since (its ReadyForQuery is dropped).
     Replay,
+    /// A server error names one of usher's statements: send it with the
+    /// client's name instead (`ClientStatements::error_in_client_names`).
+    NameStatements,
     /// A ReadyForQuery (nothing else in flight) after statements that may
     /// have reset settings: on the server connection a reset went to the
     /// server's default. Before the client hears it, the session puts back
@@ -965,7 +968,11 @@ impl Flow {
                         code: code.to_vec(),
                         stale,
                     });
-                    ServerStep::Forward
+                    if self.rewriting && prepared::error_names_server_statement(body) {
+                        ServerStep::NameStatements
+                    } else {
+                        ServerStep::Forward
+                    }
                 }
             }
             _ => ServerStep::Forward,
@@ -973,7 +980,10 @@ impl Flow {
         if tag != backend::READY_FOR_QUERY
             && matches!(
                 step,
-                ServerStep::Forward | ServerStep::SendRefusal | ServerStep::SendError
+                ServerStep::Forward
+                    | ServerStep::SendRefusal
+                    | ServerStep::NameStatements
+                    | ServerStep::SendError
             )
         {
             self.answered = true;

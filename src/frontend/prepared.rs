@@ -148,6 +148,73 @@ pub fn server_name(id: u64) -> String {
     format!("usher_{id}")
 }
 
+/// How a server message names one of usher's statements (quoted, as
+/// PostgreSQL quotes names in its messages).
+const QUOTED_SERVER_NAME: &[u8] = b"\"usher_";
+
+/// True if a server error's message names one of usher's statements (e.g.
+/// "bind message supplies 2 parameters, but prepared statement
+/// \"usher_7\" requires 1").
+pub fn error_names_server_statement(body: &[u8]) -> bool {
+    crate::protocol::messages::error_message(body).is_some_and(|m| {
+        m.windows(QUOTED_SERVER_NAME.len())
+            .any(|w| w == QUOTED_SERVER_NAME)
+    })
+}
+
+impl ClientStatements {
+    /// A server error body with usher's statement names in its message
+    /// told as the client's (the first of its names for that statement),
+    /// or `None` if it names none the client has.
+    /// `plan`: the client's changes not yet answered (a Close later in the
+    /// batch has taken the name from the client's statements already).
+    pub fn error_in_client_names(&self, body: &[u8], plan: &ResponsePlan) -> Option<Vec<u8>> {
+        let message = crate::protocol::messages::error_message(body)?;
+        let mut out = Vec::with_capacity(message.len());
+        let mut rest = message;
+        let mut renamed = false;
+        while let Some(at) = rest
+            .windows(QUOTED_SERVER_NAME.len())
+            .position(|w| w == QUOTED_SERVER_NAME)
+        {
+            let digits_at = at + QUOTED_SERVER_NAME.len();
+            let digits = rest[digits_at..]
+                .iter()
+                .take_while(|b| b.is_ascii_digit())
+                .count();
+            let id: Option<u64> = std::str::from_utf8(&rest[digits_at..digits_at + digits])
+                .ok()
+                .and_then(|d| d.parse().ok());
+            let closed = rest.get(digits_at + digits) == Some(&b'"');
+            let name = id.filter(|_| closed).and_then(|id| {
+                let now = self.by_name.iter().flat_map(|m| m.iter());
+                let before = plan
+                    .changes
+                    .iter()
+                    .filter_map(|c| Some((&c.name, c.before.as_ref()?)));
+                now.chain(before)
+                    .filter(|(_, s)| s.id == id)
+                    .map(|(n, _)| n)
+                    .min()
+            });
+            match name {
+                Some(name) => {
+                    out.extend_from_slice(&rest[..at + 1]);
+                    out.extend_from_slice(crate::protocol::error::shown_name(name).as_bytes());
+                    renamed = true;
+                }
+                None => out.extend_from_slice(&rest[..digits_at + digits]),
+            }
+            rest = &rest[digits_at + digits..];
+        }
+        out.extend_from_slice(rest);
+        if !renamed {
+            return None;
+        }
+        crate::protocol::messages::with_error_field(body, b'M', &out)
+    }
+}
+
 /// How the client prepared a statement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -1099,6 +1166,42 @@ mod tests {
         assert_eq!(a, b);
         assert_ne!(a, c);
         assert_eq!(r.len(), 2);
+    }
+
+    #[test]
+    fn an_error_naming_usher_s_statement_names_the_client_s() {
+        let r = StatementRegistry::default();
+        let mut plan = ResponsePlan::default();
+        let mut prepared = PreparedSet::unbounded();
+        let mut mine = ClientStatements::default();
+        let mut out = BytesMut::new();
+        Rewriter {
+            registry: &r,
+            statements: &mut mine,
+            prepared: &mut prepared,
+            plan: &mut plan,
+        }
+        .rewrite(frontend::PARSE, b"s1\0select $1\0\0\0", &mut out)
+        .unwrap();
+        let id = mine.get("s1").unwrap().id;
+        let message = format!(
+            "bind message supplies 2 parameters, but prepared statement \"usher_{id}\" requires 1"
+        );
+        let body = [b"SERROR\0C08P01\0M", message.as_bytes(), b"\0\0"].concat();
+        assert!(error_names_server_statement(&body));
+        let renamed = mine.error_in_client_names(&body, &plan).expect("renamed");
+        assert_eq!(
+            crate::protocol::messages::error_message(&renamed).unwrap(),
+            b"bind message supplies 2 parameters, but prepared statement \"s1\" requires 1"
+        );
+        let other = b"SERROR\0C08P01\0Mprepared statement \"usher_999\" is odd\0\0";
+        assert!(
+            mine.error_in_client_names(other, &plan).is_none(),
+            "not the client's"
+        );
+        assert!(!error_names_server_statement(
+            b"SERROR\0C22012\0Mdivision by zero\0\0"
+        ));
     }
 
     #[test]

@@ -34,7 +34,7 @@ use crate::protocol::frames::{FrameWalker, Visit};
 use crate::protocol::messages;
 use crate::protocol::tags::frontend;
 use crate::protocol::PgError;
-use bytes::{Buf, BytesMut};
+use bytes::{Buf, BufMut, BytesMut};
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -1234,8 +1234,18 @@ impl Session {
                 Some(step) => {
                     // The message replaced or dropped is whole in the buffer.
                     let len = u32::from_be_bytes(fwd.out_buf[1..5].try_into().unwrap()) as usize;
-                    fwd.out_buf.advance(1 + len);
                     let mut out = BytesMut::new();
+                    if step == ServerStep::NameStatements {
+                        let body = &fwd.out_buf[5..1 + len];
+                        let renamed = self
+                            .statements
+                            .error_in_client_names(body, fwd.flow.plan_mut());
+                        let body = renamed.as_deref().unwrap_or(body);
+                        out.put_u8(fwd.out_buf[0]);
+                        out.put_u32(body.len() as u32 + 4);
+                        out.put_slice(body);
+                    }
+                    fwd.out_buf.advance(1 + len);
                     match step {
                         ServerStep::SendRefusal => {
                             if let Some(e) = fwd.flow.take_refusal() {

@@ -7,7 +7,7 @@
 #   --extended: tests/extended_protocol.rs (issue 26: Parse/Bind/Describe/
 #     Execute/Close/Sync/Flush, transactions and DDL, beside a twin
 #     database); CONFIGS may also name `direct`, the harness's self-check;
-#     LEAVE_OUT (e.g. "set_config duplicates") sets parts of the generator
+#     LEAVE_OUT (e.g. "stale ddl") sets parts of the generator
 #     aside (its default: the module doc's; LEAVE_OUT= puts all back)
 #
 #   scripts/differential.sh                      # 48 seeds x 300 steps per configuration

@@ -204,6 +204,32 @@ async fn a_close_skipped_after_an_error_removes_no_name() {
         ],
     )
     .await;
+    // The next batch in the same write, before the skipped Close's answer
+    // is in: it waits for it, and the name is still there.
+    same_as_directly(
+        "close skipped, the next batch in the same write",
+        vec![
+            vec![Parse(s("s0"), s("select 0"), vec![]), Sync],
+            vec![
+                Execute(s("p9"), 0),
+                Close('S', s("s0")),
+                Sync,
+                Bind(s(""), s("s0"), vec![]),
+                Execute(s(""), 0),
+                Sync,
+            ],
+            vec![
+                Execute(s("p9"), 0),
+                Close('S', s("s0")),
+                Sync,
+                Parse(s("s0"), s("select 1"), vec![]),
+                Bind(s(""), s("s0"), vec![]),
+                Execute(s(""), 0),
+                Sync,
+            ],
+        ],
+    )
+    .await;
 }
 
 /// An error the server words with usher's name for the statement names

@@ -85,9 +85,10 @@ pub enum ClientStep {
     /// It is refused: send [`refused_message`] in its place (the flow has
     /// counted it as sent).
     Refuse,
-    /// It uses the unnamed statement, which a message of an earlier batch
-    /// may or may not have changed: stop before it and walk it again once
-    /// the server has answered more (see `super::unnamed`).
+    /// It uses a statement (the unnamed one, or a name) that a message of
+    /// an earlier batch may or may not have changed (it may be skipped
+    /// after an error): stop before it and walk it again once the server
+    /// has answered more (see `super::unnamed`).
     Wait,
 }
 
@@ -363,6 +364,13 @@ impl Flow {
                 Use::Check => check_unnamed = true,
                 Use::Wait => return ClientStep::Wait,
             }
+        }
+        if self.rewriting
+            && prepared::statement_named(tag, body)
+                .is_some_and(|name| !name.is_empty() && self.plan.name_undecided(name))
+        {
+            // Whether the name exists hangs on an earlier batch's answer.
+            return ClientStep::Wait;
         }
         let mut carried = false;
         let effects = match tag {

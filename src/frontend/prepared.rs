@@ -290,7 +290,7 @@ impl ClientStatements {
     /// Puts back what a name meant before a Parse or Close the server
     /// never answered.
     pub fn undo(&mut self, undo: NameChangeUndo) {
-        let NameChange { name, before } = undo.0;
+        let NameChange { name, before, .. } = undo.0;
         match before {
             Some(statement) => self.insert(name, statement),
             None => self.remove(&name),
@@ -358,6 +358,8 @@ struct NameChange {
     name: String,
     /// What the name meant before (None: nothing).
     before: Option<Statement>,
+    /// The Syncs sent before it (its batch).
+    segment: u64,
 }
 
 /// The ParseComplete/CloseComplete answers owed by one server connection
@@ -406,6 +408,9 @@ impl ResponsePlan {
         self.syncs_sent -= n;
         for (segment, _) in &mut self.owed {
             *segment = shift(*segment);
+        }
+        for c in &mut self.changes {
+            c.segment = shift(c.segment);
         }
         self.unnamed.renumber(shift);
     }
@@ -493,7 +498,17 @@ impl ResponsePlan {
         self.changes.push_back(NameChange {
             name: name.to_string(),
             before,
+            segment: self.syncs_sent,
         });
+    }
+
+    /// A client's Parse or Close of `name` in an earlier batch is not
+    /// answered yet: whether the name exists depends on it (it may be
+    /// skipped after an error), so a message naming it waits.
+    pub fn name_undecided(&self, name: &[u8]) -> bool {
+        self.changes
+            .iter()
+            .any(|c| c.segment < self.syncs_sent && c.name.as_bytes() == name)
     }
 
     /// Changes to the client's statements whose Parse or Close the server
@@ -564,6 +579,23 @@ pub fn needs_rewrite(tag: u8, body: &[u8]) -> bool {
         }
         frontend::CLOSE => body.first() == Some(&target::STATEMENT),
         _ => false,
+    }
+}
+
+/// The statement a client Parse, Bind, Describe or Close names (empty: the
+/// unnamed one; `None`: none, or a portal). `body`: the whole body, or a
+/// Bind's head.
+pub fn statement_named(tag: u8, body: &[u8]) -> Option<&[u8]> {
+    fn cstr(b: &[u8]) -> Option<&[u8]> {
+        b.iter().position(|c| *c == 0).map(|end| &b[..end])
+    }
+    match tag {
+        frontend::PARSE => cstr(body),
+        frontend::BIND => bind_names(body).map(|(_, name, _)| name.as_bytes()),
+        frontend::DESCRIBE | frontend::CLOSE if body.first() == Some(&target::STATEMENT) => {
+            cstr(&body[1..])
+        }
+        _ => None,
     }
 }
 

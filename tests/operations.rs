@@ -550,6 +550,11 @@ async fn a_large_result_is_not_held_in_memory_whole() {
     );
 }
 
+/// psql's query: a text of its own, so that another test's sleep on the
+/// shared cluster is not taken for it (Ctrl-C before psql has sent its
+/// query cancels nothing).
+const PSQL_SLEEP: &str = "SELECT pg_sleep(30) AS psql_ctrl_c";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn psql_ctrl_c_cancels_through_usher() {
     let pg = PgCluster::shared();
@@ -567,7 +572,7 @@ async fn psql_ctrl_c_cancels_through_usher() {
             "-d",
             "app",
             "-c",
-            "SELECT pg_sleep(30)",
+            PSQL_SLEEP,
         ])
         .env("PGPASSWORD", ALICE_PASSWORD)
         .stderr(std::process::Stdio::piped())
@@ -575,7 +580,7 @@ async fn psql_ctrl_c_cancels_through_usher() {
         .spawn()
         .unwrap();
     // Wait until the query runs on the server, then press Ctrl-C.
-    pg.wait_until_active("SELECT pg_sleep(30)").await;
+    pg.wait_until_active(PSQL_SLEEP).await;
     let started = Instant::now();
     unsafe { libc::kill(child.id().unwrap() as i32, libc::SIGINT) };
     let out = tokio::time::timeout(Duration::from_secs(10), child.wait_with_output())

@@ -103,18 +103,17 @@ pub enum ServerStep {
     /// The client did not ask for it (a ParseComplete of a statement usher
     /// prepared on its own): drop it.
     Drop,
-    /// The server's error for a refused statement: send usher's
-    /// ([`Flow::take_refusal`]) instead.
-    SendRefusal,
+    /// The server's error for a refused statement: send usher's instead.
+    SendRefusal(PgError),
     /// The client's EXECUTE failed because its statement is stale, outside
     /// a transaction block, with nothing sent after it: drop the error and
-    /// send the Query again ([`Flow::take_retry`], rewritten afresh; the
+    /// send this Query of the client's again (rewritten afresh; the
     /// statement was renewed by the error's note), telling the flow
     /// ([`Flow::query_rewritten`]).
-    Retry,
+    Retry(Bytes),
     /// The error of a rewritten Query, its position told in the client's
-    /// text: send [`Flow::take_error`] instead.
-    SendError,
+    /// text: send this (a whole ErrorResponse) instead.
+    SendError(BytesMut),
     /// The same for a protocol-level Bind (see [`Flow::copy_started`]):
     /// drop the error and walk the client's copy of the segment again, in
     /// front of what the client sent since (its ReadyForQuery is dropped).
@@ -223,15 +222,11 @@ pub struct Flow {
     /// Refused messages whose server error is owed: (the ReadyForQuery
     /// that ends their Sync segment, counted from 1; usher's error).
     refusals: VecDeque<(u64, PgError)>,
-    /// The error to send in place of the server's (after SendRefusal).
-    refusal: Option<PgError>,
     syncs_sent: u64,
     ready_seen: u64,
     /// Segments whose answers usher adjusts (SQL-level prepared
     /// statements), oldest first; usually empty.
     tracked: VecDeque<Tracked>,
-    /// The client's Query to send again (after [`ServerStep::Retry`]).
-    retry: Option<Bytes>,
     /// SQL PREPAREs that failed: (the client's name, the statement id).
     failed_prepares: Vec<(String, u64)>,
     /// The first segment of which the session holds a copy of the
@@ -244,8 +239,6 @@ pub struct Flow {
     last_shape: Shape,
     /// Something of the segment being answered reached the client.
     answered: bool,
-    /// The error to send after [`ServerStep::SendError`] (whole message).
-    error: Option<BytesMut>,
     /// Databases a message just walked fails on while other sessions are
     /// connected to them (`Effects::databases`), until the session takes
     /// them ([`Flow::take_closing`]).
@@ -314,17 +307,14 @@ impl Flow {
             pinning_statements: Vec::new(),
             refuse_next: None,
             refusals: VecDeque::new(),
-            refusal: None,
             syncs_sent: 0,
             ready_seen: 0,
             tracked: VecDeque::new(),
-            retry: None,
             failed_prepares: Vec::new(),
             copy: None,
             shape: Shape::default(),
             last_shape: Shape::default(),
             answered: false,
-            error: None,
             closing: Vec::new(),
             schema_changed: false,
             ddl_open: false,
@@ -444,6 +434,20 @@ impl Flow {
                 ClientStep::Forward
             }
             frontend::FLUSH | frontend::COPY_DATA => ClientStep::Forward,
+            frontend::PARSE
+                if refused.is_none()
+                    && self.rewriting
+                    && !self.unsynced
+                    && body.first() == Some(&0)
+                    && prepared::unnamed_deallocate(body).is_none() =>
+            {
+                // The client's unnamed Parse, first in its batch (so
+                // answered or refused, never skipped): it goes as it is,
+                // and the plan keeps it for the client.
+                self.plan.unnamed_parse_forwarded(body);
+                self.unsynced = true;
+                ClientStep::Forward
+            }
             frontend::PARSE | frontend::BIND | frontend::DESCRIBE | frontend::CLOSE
                 if refused.is_none()
                     && self.rewriting
@@ -615,11 +619,6 @@ impl Flow {
         self.quiet() && self.status == status::FAILED
     }
 
-    /// The client's Query to send again, after [`ServerStep::Retry`].
-    pub fn take_retry(&mut self) -> Option<Bytes> {
-        self.retry.take()
-    }
-
     /// SQL PREPAREs that failed since last asked: (client name, statement
     /// id), for the session to forget.
     pub fn take_failed_prepares(&mut self) -> Vec<(String, u64)> {
@@ -718,12 +717,6 @@ impl Flow {
     /// session waited for one): it is refused (53300) when walked again.
     pub fn no_pin_slot(&mut self, max_pinned: usize, waited: bool) {
         self.refuse_next = Some((max_pinned, waited));
-    }
-
-    /// The error to send in place of the server's, after
-    /// [`ServerStep::SendRefusal`].
-    pub fn take_refusal(&mut self) -> Option<PgError> {
-        self.refusal.take()
     }
 
     /// The transaction is over and nothing is owed (the flow said
@@ -951,8 +944,8 @@ impl Flow {
                 };
                 if let Some(step) = adjusted {
                     let code = messages::error_code(body).unwrap_or_default();
-                    let stale = if matches!(step, ServerStep::Retry | ServerStep::Replay)
-                        || step == ServerStep::SendError && renews(code)
+                    let stale = if matches!(step, ServerStep::Retry(_) | ServerStep::Replay)
+                        || matches!(step, ServerStep::SendError(_)) && renews(code)
                     {
                         self.plan.take_used()
                     } else {
@@ -963,8 +956,8 @@ impl Flow {
                         stale,
                     });
                     step
-                } else if self.refused_answered(body) {
-                    ServerStep::SendRefusal
+                } else if let Some(refusal) = self.refused_answered(body) {
+                    ServerStep::SendRefusal(refusal)
                 } else {
                     let code = messages::error_code(body).unwrap_or_default();
                     let stale = if self.rewriting && renews(code) {
@@ -989,9 +982,9 @@ impl Flow {
             && matches!(
                 step,
                 ServerStep::Forward
-                    | ServerStep::SendRefusal
+                    | ServerStep::SendRefusal(_)
                     | ServerStep::NameStatements
-                    | ServerStep::SendError
+                    | ServerStep::SendError(_)
             )
         {
             self.answered = true;
@@ -1134,15 +1127,13 @@ impl Flow {
                 error.put_u8(backend::ERROR_RESPONSE);
                 error.put_u32(moved.len() as u32 + 4);
                 error.put_slice(&moved);
-                self.error = Some(error);
-                return Some(ServerStep::SendError);
+                return Some(ServerStep::SendError(error));
             }
         }
         if stale && t.plan.retry.is_some() && idle && syncs_sent == t.segment && !unsynced {
             // Its ReadyForQuery is dropped; the retry is the client's now.
             t.plan.own = true;
-            self.retry = t.plan.retry.take();
-            return Some(ServerStep::Retry);
+            return t.plan.retry.take().map(ServerStep::Retry);
         }
         None
     }
@@ -1161,15 +1152,10 @@ impl Flow {
         messages::with_error_field(body, b'P', moved.to_string().as_bytes())
     }
 
-    /// The error to send after [`ServerStep::SendError`].
-    pub fn take_error(&mut self) -> Option<BytesMut> {
-        self.error.take()
-    }
-
     /// An ErrorResponse is the server's answer to a refused message's
     /// stand-in (its segment is the one being answered, and it names the
     /// marker): usher's error takes its place.
-    fn refused_answered(&mut self, body: &[u8]) -> bool {
+    fn refused_answered(&mut self, body: &[u8]) -> Option<PgError> {
         let ours = self
             .refusals
             .front()
@@ -1178,10 +1164,10 @@ impl Flow {
                 m.windows(REFUSED_MARKER.len())
                     .any(|w| w == REFUSED_MARKER.as_bytes())
             });
-        if ours {
-            self.refusal = self.refusals.pop_front().map(|(_, e)| e);
+        if !ours {
+            return None;
         }
-        ours
+        self.refusals.pop_front().map(|(_, e)| e)
     }
 
     /// Resets may have happened in the segment being answered (or one
@@ -1282,7 +1268,6 @@ impl Flow {
     pub fn released(&mut self) {
         self.plan = ResponsePlan::default();
         self.tracked.clear();
-        self.retry = None;
         self.answered = false;
         self.copy = None;
     }
@@ -1307,7 +1292,6 @@ impl Flow {
             && self.pinning_statements.is_empty()
             && self.refuse_next.is_none()
             && self.refusals.is_empty()
-            && self.refusal.is_none()
             && !self.schema_changed
             && !self.ddl_open
             // Only their difference counts (refused segments).
@@ -1485,10 +1469,10 @@ mod tests {
                         matches!(
                             s,
                             ServerStep::Drop
-                                | ServerStep::SendRefusal
-                                | ServerStep::Retry
+                                | ServerStep::SendRefusal(_)
+                                | ServerStep::Retry(_)
                                 | ServerStep::Replay
-                                | ServerStep::SendError
+                                | ServerStep::SendError(_)
                                 | ServerStep::Settle { .. }
                         )
                     })
@@ -2178,11 +2162,10 @@ mod tests {
             error.clone(),
             ready(status::FAILED),
         ]));
-        assert_eq!(
-            steps(&got),
-            [Forward, Forward, ServerStep::SendRefusal, Forward]
-        );
-        let refusal = h.flow.take_refusal().unwrap();
+        let refusal = match &steps(&got)[..] {
+            [Forward, Forward, ServerStep::SendRefusal(e), Forward] => e.clone(),
+            other => panic!("{other:?}"),
+        };
         assert_eq!(refusal.code, "0A000");
         assert!(refusal.message.contains("LISTEN"), "{}", refusal.message);
         assert!(refusal.hint.as_deref().unwrap().contains("session"));
@@ -2225,8 +2208,7 @@ mod tests {
             msg(backend::ERROR_RESPONSE, b"SERROR\0C42601\0Msyntax\0\0"),
             ready(status::IDLE),
         ]));
-        assert_eq!(steps(&got), [Forward, ForwardThenRelease]);
-        assert!(h.flow.take_refusal().is_none());
+        assert_eq!(steps(&got), [Forward, ForwardThenRelease], "as it is");
         assert!(h.flow.refusals.is_empty(), "its error will not come");
     }
 
@@ -2244,8 +2226,10 @@ mod tests {
             ),
             ready(status::IDLE),
         ]));
-        assert_eq!(steps(&got), [ServerStep::SendRefusal, ForwardThenRelease]);
-        let e = h.flow.take_refusal().unwrap();
+        let e = match &steps(&got)[..] {
+            [ServerStep::SendRefusal(e), ForwardThenRelease] => e.clone(),
+            other => panic!("{other:?}"),
+        };
         assert_eq!(e.code, "53300");
         assert!(e.detail.unwrap().contains("max_pinned (3)"));
         assert_eq!(h.flow.transaction_end(), PinStep::Release);
@@ -2533,8 +2517,10 @@ mod tests {
             ),
             ready(status::IDLE),
         ]));
-        assert_eq!(steps(&got), [ServerStep::SendRefusal, ForwardThenRelease]);
-        assert_eq!(h.flow.take_refusal().unwrap().code, "42P05");
+        match &steps(&got)[..] {
+            [ServerStep::SendRefusal(e), ForwardThenRelease] => assert_eq!(e.code, "42P05"),
+            other => panic!("{other:?}"),
+        }
         // In a failed block a DEALLOCATE goes as it is (25P02; kept).
         h.client(&query("BEGIN"));
         h.server(&cat(&[complete("BEGIN"), ready(status::IN_TRANSACTION)]));
@@ -2579,7 +2565,10 @@ mod tests {
         h.flow.released();
         carried(&mut h, &registry, &mut statements, "EXECUTE s");
         let got = h.server(&cat(&[error("0A000"), ready(status::IDLE)]));
-        assert_eq!(steps(&got), [ServerStep::Retry, ServerStep::Drop]);
+        let body = match &steps(&got)[..] {
+            [ServerStep::Retry(body), ServerStep::Drop] => body.clone(),
+            other => panic!("{other:?}"),
+        };
         assert_eq!(
             got[0].1,
             Some(Note::Error {
@@ -2589,8 +2578,7 @@ mod tests {
             "the statement is renewed before the retry"
         );
         statements.renew(&[1], &registry);
-        let body = h.flow.take_retry().expect("the client's Query");
-        assert_eq!(&body[..], b"EXECUTE s\0");
+        assert_eq!(&body[..], b"EXECUTE s\0", "the client's Query");
         let mut out = BytesMut::new();
         let rewrite = Rewriter {
             registry: &registry,
@@ -2625,8 +2613,7 @@ mod tests {
         h.server(&cat(&[complete("BEGIN"), ready(status::IN_TRANSACTION)]));
         carried(&mut h, &registry, &mut statements, "EXECUTE s");
         let got = h.server(&cat(&[error("0A000"), ready(status::FAILED)]));
-        assert_eq!(steps(&got), [Forward, Forward]);
-        assert!(h.flow.take_retry().is_none());
+        assert_eq!(steps(&got), [Forward, Forward], "not retried");
         h.client(&query("ROLLBACK"));
         h.server(&cat(&[complete("ROLLBACK"), ready(status::IDLE)]));
         h.flow.released();
@@ -2791,8 +2778,10 @@ mod tests {
             ),
             ready(status::IDLE),
         ]));
-        assert_eq!(steps(&got), [ServerStep::SendError, ForwardThenRelease]);
-        let e = h.flow.take_error().unwrap();
+        let e = match &steps(&got)[..] {
+            [ServerStep::SendError(e), ForwardThenRelease] => e.clone(),
+            other => panic!("{other:?}"),
+        };
         assert_eq!(&e[5..], b"SERROR\0C42601\0Mtrailing junk\0P19\0\0");
         h.flow.released();
         // Inside a rewritten name: its start; after several, each shift.

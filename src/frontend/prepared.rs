@@ -254,8 +254,9 @@ impl ClientStatements {
         if let Some(now) = plan.unnamed.take_undone() {
             self.unnamed = now;
         }
-        if plan.unnamed.take_dropped() {
-            self.unnamed = None;
+        for (number, now) in plan.unnamed.take_applying() {
+            let before = std::mem::replace(&mut self.unnamed, now);
+            plan.unnamed.applied(number, before);
         }
     }
 
@@ -424,10 +425,19 @@ impl ResponsePlan {
         self.owed.push_back((self.syncs_sent, e));
     }
 
-    /// A message that changes the unnamed statement goes out next.
-    fn unnamed_sent(&mut self, by: By, after: Option<u64>, before: Option<Unnamed>) {
-        let event = self.unnamed.sent(self.syncs_sent, by, after, before);
+    /// A message that changes the unnamed statement goes out next; `now`:
+    /// the client's after it (a change of the client's).
+    fn unnamed_sent(&mut self, by: By, after: Option<u64>, now: Option<Unnamed>) {
+        let event = self.unnamed.sent(self.syncs_sent, by, after, now);
         self.expect(Expect::Unnamed(event));
+    }
+
+    /// The client's unnamed Parse (`body`, whole) goes to the server as it
+    /// is, first in its batch.
+    pub fn unnamed_parse_forwarded(&mut self, body: &[u8]) {
+        self.unnamed.set_fresh(true);
+        let new = Unnamed::new(body.get(1..).unwrap_or_default());
+        self.unnamed_sent(By::ClientParse, Some(new.token), Some(new));
     }
 
     /// The client's simple Query goes out next (before its
@@ -702,9 +712,9 @@ impl Rewriter<'_> {
                     }
                 }
                 let new = Unnamed::new(&body[1..]);
-                let after = Some(new.token);
-                let before = self.statements.unnamed.replace(new);
-                self.plan.unnamed_sent(By::ClientParse, after, before);
+                self.plan
+                    .unnamed_sent(By::ClientParse, Some(new.token), Some(new));
+                self.statements.sync_unnamed(self.plan);
             }
             frontend::PARSE => {
                 let (name, rest) = split_cstr(body)?;
@@ -746,9 +756,8 @@ impl Rewriter<'_> {
             frontend::CLOSE if body.get(1) == Some(&0) => {
                 // The client's unnamed statement: gone once the server
                 // closes it (a Close never fails; it may be skipped).
+                self.plan.unnamed_sent(By::ClientClose, None, None);
                 self.statements.sync_unnamed(self.plan);
-                let before = self.statements.unnamed.take();
-                self.plan.unnamed_sent(By::ClientClose, None, before);
                 let start = begin(out, frontend::CLOSE);
                 out.put_slice(body);
                 finish(out, start);

@@ -1029,8 +1029,8 @@ impl Session {
                 Some((tag, ClientStep::Refuse)) => {
                     // A stand-in that fails on the server goes in its place;
                     // usher's error replaces the server's.
-                    let len = u32::from_be_bytes(fwd.in_buf[1..5].try_into().unwrap()) as usize;
-                    let message = fwd.in_buf.split_to(1 + len);
+                    let whole = walked.held.expect("the walk stopped before it");
+                    let message = fwd.in_buf.split_to(whole);
                     fwd.message_ended = true;
                     fwd.keep_copy(&message);
                     queue_for_server(
@@ -1043,8 +1043,8 @@ impl Session {
                 }
                 Some((frontend::QUERY, _)) => {
                     // A statement about a prepared statement (SQL level).
-                    let len = u32::from_be_bytes(fwd.in_buf[1..5].try_into().unwrap()) as usize;
-                    let message = fwd.in_buf.split_to(1 + len);
+                    let whole = walked.held.expect("the walk stopped before it");
+                    let message = fwd.in_buf.split_to(whole);
                     fwd.message_ended = true;
                     fwd.keep_copy(&message);
                     let failed_block = fwd.flow.known_failed_block();
@@ -1067,7 +1067,7 @@ impl Session {
                     self.received += message.len() as u64;
                 }
                 Some((tag, _)) => {
-                    let len = u32::from_be_bytes(fwd.in_buf[1..5].try_into().unwrap()) as usize;
+                    let whole = walked.held.expect("the walk stopped before it");
                     let checkout = fwd.held.as_mut().expect("a server connection is held");
                     let mut rewriter = Rewriter {
                         registry: &self.deps.statements,
@@ -1084,15 +1084,15 @@ impl Session {
                             .map(|(p, n, h)| (p.to_string(), n.to_string(), h))
                             .expect("the flow saw the Bind's names");
                         let mut out = BytesMut::with_capacity(64);
-                        rewriter.rewrite_bind_head(&portal, &name, len - 4 - head, &mut out);
+                        rewriter.rewrite_bind_head(&portal, &name, whole - 5 - head, &mut out);
                         let original = fwd.in_buf.split_to(5 + head);
-                        fwd.in_walker.stream_rest_of_body(len - 4 - head);
-                        fwd.message_ended = len - 4 == head;
+                        fwd.in_walker.stream_rest_of_body(whole - 5 - head);
+                        fwd.message_ended = whole - 5 == head;
                         queue_for_server(&mut fwd.to_server, out);
                         original
                     } else {
                         // The message is whole at the front of the buffer.
-                        let message = fwd.in_buf.split_to(1 + len);
+                        let message = fwd.in_buf.split_to(whole);
                         if let Some(error) =
                             prepared::duplicate_parse(rewriter.statements, tag, &message[5..])
                         {
@@ -1213,9 +1213,9 @@ impl Session {
             match answer {
                 Some(ServerStep::Settle { release }) => {
                     // The ReadyForQuery is whole at the front of the buffer.
-                    let len = u32::from_be_bytes(fwd.out_buf[1..5].try_into().unwrap()) as usize;
+                    let whole = walked.held.expect("the walk stopped before it");
                     let status = fwd.out_buf[5];
-                    fwd.out_buf.advance(1 + len);
+                    fwd.out_buf.advance(whole);
                     // Boxed, as every rare step: see serve_loop.
                     let mut out = Box::pin(self.settle_resets(client, fwd, status))
                         .await
@@ -1233,10 +1233,10 @@ impl Session {
                 }
                 Some(step) => {
                     // The message replaced or dropped is whole in the buffer.
-                    let len = u32::from_be_bytes(fwd.out_buf[1..5].try_into().unwrap()) as usize;
+                    let whole = walked.held.expect("the walk stopped before it");
                     let mut out = BytesMut::new();
                     if step == ServerStep::NameStatements {
-                        let body = &fwd.out_buf[5..1 + len];
+                        let body = &fwd.out_buf[5..whole];
                         let renamed = self
                             .statements
                             .error_in_client_names(body, fwd.flow.plan_mut());
@@ -1245,19 +1245,13 @@ impl Session {
                         out.put_u32(body.len() as u32 + 4);
                         out.put_slice(body);
                     }
-                    fwd.out_buf.advance(1 + len);
+                    fwd.out_buf.advance(whole);
                     match step {
-                        ServerStep::SendRefusal => {
-                            if let Some(e) = fwd.flow.take_refusal() {
-                                metrics::count_error(ErrorSource::Usher, e.code.as_bytes());
-                                e.encode(&mut out);
-                            }
+                        ServerStep::SendRefusal(e) => {
+                            metrics::count_error(ErrorSource::Usher, e.code.as_bytes());
+                            e.encode(&mut out);
                         }
-                        ServerStep::SendError => {
-                            if let Some(e) = fwd.flow.take_error() {
-                                out = e;
-                            }
-                        }
+                        ServerStep::SendError(e) => out = e,
                         ServerStep::Replay => {
                             // The statement was renewed (the error's note):
                             // the segment is walked again, prepared afresh.
@@ -1266,23 +1260,20 @@ impl Session {
                             fwd.in_buf = again;
                             fwd.replay = true;
                         }
-                        ServerStep::Retry => {
+                        ServerStep::Retry(body) => {
                             // The stale statement was renewed (the error's
                             // note): the EXECUTE goes again, prepared afresh.
-                            if let Some(body) = fwd.flow.take_retry() {
-                                let checkout =
-                                    fwd.held.as_mut().expect("a server connection is held");
-                                let mut again = BytesMut::with_capacity(body.len() + 64);
-                                let rewrite = Rewriter {
-                                    registry: &self.deps.statements,
-                                    statements: &mut self.statements,
-                                    prepared: checkout.conn.prepared_mut(),
-                                    plan: fwd.flow.plan_mut(),
-                                }
-                                .rewrite_query(&body, false, false, &mut again);
-                                queue_for_server(&mut fwd.to_server, again);
-                                fwd.flow.query_rewritten(rewrite);
+                            let checkout = fwd.held.as_mut().expect("a server connection is held");
+                            let mut again = BytesMut::with_capacity(body.len() + 64);
+                            let rewrite = Rewriter {
+                                registry: &self.deps.statements,
+                                statements: &mut self.statements,
+                                prepared: checkout.conn.prepared_mut(),
+                                plan: fwd.flow.plan_mut(),
                             }
+                            .rewrite_query(&body, false, false, &mut again);
+                            queue_for_server(&mut fwd.to_server, again);
+                            fwd.flow.query_rewritten(rewrite);
                         }
                         _ => {}
                     }

@@ -117,14 +117,19 @@ pub struct UnnamedTrack {
     pending: u32,
     /// The last event sent: (its batch, the event).
     last: Option<(u64, Event)>,
-    /// For each undecided event of the client's, what the client's
-    /// statement was before it, in order.
-    befores: VecDeque<Option<Unnamed>>,
+    /// For each undecided event of the client's (by its number), what the
+    /// client's statement was before it, in order.
+    befores: VecDeque<(u64, Option<Unnamed>)>,
+    /// The client's changes sent and not yet applied to its statement (by
+    /// their number; `None`: it has none after it), for the session to
+    /// apply in order ([`UnnamedTrack::take_applying`]): a message the flow
+    /// forwards changes it without the session stopping there.
+    applying: VecDeque<(u64, Option<Unnamed>)>,
+    /// Changes numbered so far.
+    numbered: u64,
     /// What the client's statement is after an undone change, for the
     /// session ([`UnnamedTrack::take_undone`]).
     undone: Option<Option<Unnamed>>,
-    /// A Query dropped the client's statement (applied by the session).
-    dropped: bool,
     /// The message being rewritten is the first of its batch.
     fresh: bool,
 }
@@ -132,7 +137,7 @@ pub struct UnnamedTrack {
 impl UnnamedTrack {
     /// Nothing undecided or untaken.
     pub fn is_empty(&self) -> bool {
-        self.pending == 0 && self.undone.is_none() && !self.dropped
+        self.pending == 0 && self.undone.is_none() && self.applying.is_empty()
     }
 
     /// The flow is about to rewrite a message: whether it is the first of
@@ -146,15 +151,9 @@ impl UnnamedTrack {
         self.fresh
     }
 
-    /// An event went out in batch `segment`; `before`: the client's
-    /// statement before it (a change of the client's).
-    pub fn sent(
-        &mut self,
-        segment: u64,
-        by: By,
-        after: Option<u64>,
-        before: Option<Unnamed>,
-    ) -> Event {
+    /// An event went out in batch `segment`; `now`: the client's statement
+    /// after it (a change of the client's, applied by the session).
+    pub fn sent(&mut self, segment: u64, by: By, after: Option<u64>, now: Option<Unnamed>) -> Event {
         let certain = match by {
             By::ClientParse | By::ClientClose => self.fresh,
             By::Drops | By::UsherClose => true,
@@ -164,12 +163,24 @@ impl UnnamedTrack {
         self.pending += 1;
         self.last = Some((segment, event));
         if by.clients() {
-            self.befores.push_back(before);
-        }
-        if by == By::Drops {
-            self.dropped = true;
+            self.numbered += 1;
+            self.befores.push_back((self.numbered, None));
+            self.applying.push_back((self.numbered, now));
         }
         event
+    }
+
+    /// The client's changes to apply, in order; [`UnnamedTrack::applied`]
+    /// takes what each replaced.
+    pub fn take_applying(&mut self) -> VecDeque<(u64, Option<Unnamed>)> {
+        std::mem::take(&mut self.applying)
+    }
+
+    /// Change `number` replaced `before`.
+    pub fn applied(&mut self, number: u64, before: Option<Unnamed>) {
+        if let Some((_, slot)) = self.befores.iter_mut().find(|(n, _)| *n == number) {
+            *slot = before;
+        }
     }
 
     /// An event's answer decided it.
@@ -189,7 +200,7 @@ impl UnnamedTrack {
         if !event.by.clients() {
             return;
         }
-        let before = self.befores.pop_front().flatten();
+        let before = self.befores.pop_front().and_then(|(_, b)| b);
         let now = match outcome {
             Outcome::Done => return,
             Outcome::Refused => None,
@@ -198,7 +209,7 @@ impl UnnamedTrack {
         // A later change of the client's went out on top of this one: it
         // is what the client has, and this is what it replaced.
         match self.befores.front_mut() {
-            Some(next) => *next = now,
+            Some((_, next)) => *next = now,
             None => self.undone = Some(now),
         }
     }
@@ -235,10 +246,6 @@ impl UnnamedTrack {
         self.undone.take()
     }
 
-    /// A Query dropped the client's statement since last asked.
-    pub fn take_dropped(&mut self) -> bool {
-        std::mem::take(&mut self.dropped)
-    }
 }
 
 #[cfg(test)]
@@ -255,18 +262,19 @@ mod tests {
         let mut server = set();
         let a = Unnamed::new(b"select 1\0\0\0");
         t.set_fresh(false);
-        t.sent(0, By::ClientParse, Some(7), Some(a.clone()));
-        let e = t.last.unwrap().1;
+        let e = t.sent(0, By::ClientParse, Some(7), None);
+        let (n, _) = t.take_applying().pop_front().unwrap();
+        t.applied(n, Some(a.clone()));
         assert_eq!(t.use_in(1), Use::Wait, "undecided, not first in its batch");
         t.decided(e, Outcome::Skipped, &mut server);
         assert_eq!(t.take_undone().unwrap().unwrap().token, a.token);
         assert_eq!(server.unnamed(), None);
 
         t.set_fresh(true);
-        t.sent(1, By::ClientParse, Some(8), Some(a));
+        let e = t.sent(1, By::ClientParse, Some(8), None);
+        t.take_applying();
         assert_eq!(t.use_in(1), Use::Here);
         assert_eq!(t.use_in(2), Use::Check, "first in its batch: never skipped");
-        let e = t.last.unwrap().1;
         t.decided(e, Outcome::Refused, &mut server);
         assert!(t.take_undone().unwrap().is_none());
         assert!(t.is_empty());
@@ -277,16 +285,14 @@ mod tests {
         let mut t = UnnamedTrack::default();
         let mut server = set();
         t.set_fresh(false);
-        t.sent(0, By::ClientParse, Some(1), None);
-        let first = t.last.unwrap().1;
-        t.sent(1, By::Drops, None, None);
-        let query = t.last.unwrap().1;
+        let first = t.sent(0, By::ClientParse, Some(1), None);
+        let query = t.sent(1, By::Drops, None, None);
+        assert_eq!(t.take_applying().len(), 2);
         assert_eq!(t.expected(&server), None);
         t.decided(first, Outcome::Skipped, &mut server);
         assert!(t.take_undone().is_none(), "the Query's drop stands");
         t.decided(query, Outcome::Done, &mut server);
         assert!(t.take_undone().is_none());
-        assert!(t.take_dropped());
         assert!(t.is_empty());
     }
 
@@ -296,15 +302,13 @@ mod tests {
         let mut server = set();
         server.set_unnamed(Some(3));
         t.set_fresh(true);
-        t.sent(0, By::UsherParse, Some(5), None);
+        let e = t.sent(0, By::UsherParse, Some(5), None);
         assert_eq!(t.expected(&server), Some(5));
         assert_eq!(t.use_in(1), Use::Wait, "usher's Parse may be refused");
-        let e = t.last.unwrap().1;
         t.decided(e, Outcome::Done, &mut server);
         assert_eq!(server.unnamed(), Some(5));
         assert_eq!(t.use_in(1), Use::Check);
-        t.sent(1, By::UsherParse, Some(5), None);
-        let e = t.last.unwrap().1;
+        let e = t.sent(1, By::UsherParse, Some(5), None);
         t.decided(e, Outcome::Refused, &mut server);
         assert_eq!(server.unnamed(), None);
         assert!(

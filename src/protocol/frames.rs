@@ -32,6 +32,9 @@ pub struct Walked {
     /// The last byte of at least one message was walked (a message came
     /// in whole: what resets an idle timer, unlike bytes of one unfinished).
     pub ended: bool,
+    /// The walk stopped before a message ([`Visit::StopBefore`]): its whole
+    /// length, tag and header included (it starts at `forward`).
+    pub held: Option<usize>,
 }
 
 /// Tracks message boundaries across reads of one direction of a connection.
@@ -185,6 +188,7 @@ impl FrameWalker {
                     forward: pos,
                     stopped: true,
                     ended,
+                    held: (step == Visit::StopBefore).then_some(total),
                 });
             }
         }
@@ -192,6 +196,7 @@ impl FrameWalker {
             forward: pos,
             stopped: false,
             ended,
+            held: None,
         })
     }
 }
@@ -236,6 +241,7 @@ mod tests {
                 forward: 0,
                 stopped: true,
                 ended: false,
+                held: Some(data.len()),
             }
         );
         assert_eq!(seen, [(b'B', b"\0s1\0par".to_vec())]);
@@ -311,6 +317,7 @@ mod tests {
                 forward: 6,
                 stopped: true,
                 ended: true,
+                held: None,
             }
         );
         assert_eq!(seen, vec![(b'D', vec![]), (b'Z', b"I".to_vec())]);
@@ -367,6 +374,7 @@ mod tests {
                 forward: 14,
                 stopped: true,
                 ended: true,
+                held: Some(5),
             }
         );
     }

@@ -673,8 +673,12 @@ mod xdiff {
         /// The transaction status of the direct side's last ReadyForQuery.
         status: char,
         belief: Belief,
-        /// DDL ran since this client's last batch.
+        /// DDL ran (or a transaction that ran some ended) since this
+        /// client's last batch.
         after_ddl: bool,
+        /// This client ran DDL in the transaction block it is in: others
+        /// see it once the block ends.
+        ddl_in_block: bool,
     }
 
     pub async fn run(
@@ -758,6 +762,7 @@ mod xdiff {
                     status: 'I',
                     belief: Belief::default(),
                     after_ddl: false,
+                    ddl_in_block: false,
                 });
                 continue;
             };
@@ -771,6 +776,17 @@ mod xdiff {
                 client.direct.close().await;
                 continue;
             }
+            // As a driver that meets 0A000 does: its statements from before
+            // DDL are closed (and prepared again where used).
+            let mut closes: Vec<Frontend> = Vec::new();
+            if std::mem::take(&mut client.after_ddl) && rng.left_out("stale") {
+                closes = std::iter::once(String::new())
+                    .chain(client.belief.statements.keys().cloned())
+                    .map(|name| Frontend::Close('S', name))
+                    .collect();
+                closes.push(Frontend::Sync);
+                client.belief.statements.clear();
+            }
             let mut batch = match rng.gen_range(0..100) {
                 // Out of a failed block, mostly.
                 _ if client.status == 'E' && rng.gen_bool(0.4) => {
@@ -780,19 +796,12 @@ mod xdiff {
                 15..=21 if !rng.left_out("ddl") => vec![Frontend::Query(ddl(&mut rng, &t, &mood))],
                 _ => extended(&mut rng, &mut client.belief, &t, &mood),
             };
-            if std::mem::take(&mut client.after_ddl) && rng.left_out("stale") {
-                // As a driver that meets 0A000 does: its statements from
-                // before the DDL are closed, and prepared again if used.
-                let mut closes: Vec<Frontend> = std::iter::once(String::new())
-                    .chain(client.belief.statements.keys().cloned())
-                    .map(|name| Frontend::Close('S', name))
-                    .collect();
-                closes.push(Frontend::Sync);
-                client.belief.statements.clear();
+            if !closes.is_empty() {
                 closes.extend(batch);
                 batch = closes;
             }
-            if matches!(batch.first(), Some(Frontend::Query(sql)) if is_ddl(sql)) {
+            let ddl = matches!(batch.first(), Some(Frontend::Query(sql)) if is_ddl(sql));
+            if ddl {
                 for c in clients.iter_mut().flatten() {
                     c.after_ddl = true;
                 }
@@ -800,6 +809,7 @@ mod xdiff {
             let Some(client) = clients[i].as_mut() else {
                 unreachable!("connected")
             };
+            client.ddl_in_block |= ddl && client.status != 'I';
             trail.log.push(format!("[{step}] client {i}: {batch:?}"));
             let got = converse(&mut client.through, &batch).await;
             let want = converse(&mut client.direct, &batch).await;
@@ -829,6 +839,12 @@ mod xdiff {
             }
             if let Some(Msg::Ready(status)) = want.msgs.last() {
                 client.status = *status;
+            }
+            if client.status == 'I' && std::mem::take(&mut client.ddl_in_block) {
+                // Its DDL is everyone's now.
+                for c in clients.iter_mut().flatten() {
+                    c.after_ddl = true;
+                }
             }
         }
         for client in clients.into_iter().flatten() {

@@ -33,7 +33,10 @@ fn hooks_with(recipe: &str) -> tempfile::TempDir {
 
 /// usher in front of `pg` with one recipe as its only hook: alice, bob and
 /// `logins` (name, password) may log in, `usher.query` and the role graph
-/// run as alice, and `extra` adds top-level keys.
+/// run as alice, and `extra` adds top-level keys. The budgets are generous:
+/// a hook's first `usher.query` or role lookup opens a connection (SCRAM in
+/// a debug build), slow on a loaded machine. (A session_start hook that
+/// fails is only a WARNING to the client: the per-role test prints them.)
 async fn usher_with(
     pg: &PgCluster,
     recipe: &str,
@@ -52,7 +55,7 @@ async fn usher_with(
          databases:\n  app:\n    host: 127.0.0.1\n    port: {}\n\
          users:\n{users}\
          admin:\n  users: [admin]\n\
-         hooks:\n  dir: {}\n  timeout_ms: 3000\n  query: {{ database: app, user: alice }}\n\
+         hooks:\n  dir: {}\n  timeout_ms: 10000\n  query: {{ database: app, user: alice, timeout_ms: 10000 }}\n\
          {extra}",
         pg.port,
         hooks.path().display()

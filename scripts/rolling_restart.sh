@@ -10,8 +10,8 @@
 #       [--bin target/release/usher] [--log new.log] [--timeout 120]
 #
 # Linux: with `net.ipv4.tcp_migrate_req = 1` the kernel also hands
-# connections still in their handshake to the new socket (README, "Running
-# several instances").
+# connections still in their handshake to the new socket (docs/operations.md,
+# "Running several instances").
 set -euo pipefail
 
 bin=usher log=/dev/null timeout=120 old="" config="" port=""

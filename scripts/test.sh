@@ -11,7 +11,7 @@ ensure_postgres_installed
 cargo test --lib --bins --tests -- --test-threads="${USHER_TEST_THREADS:-4}"
 # The criterion benchmarks, run once each as tests (they take no libtest flags).
 cargo test --benches
-# Fuzzing (README "Fuzzing"): every parser's target for a short time each.
+# Fuzzing (docs/testing.md, "Fuzzing"): every parser's target for a short time each.
 # USHER_FUZZ_SECONDS=0 skips it (e.g. locally); CI runs 20 s per target.
 fuzz_seconds="${USHER_FUZZ_SECONDS:-20}"
 if [ "$fuzz_seconds" != 0 ]; then

@@ -13,8 +13,8 @@
 --
 -- Every instance writes what it counted since its last flush (additions,
 -- never absolute values) and reads the sums. Timestamps are usher's clock
--- (each instance's), in UTC. README.md ("Auth monitoring", "Sharing the
--- counts between instances") describes how they are used.
+-- (each instance's), in UTC. docs/security.md ("Auth monitoring", "Sharing
+-- the counts between instances") describes how they are used.
 
 -- pg_auth_mon's counters, summed over every instance. A row is keyed by the
 -- role's oid when usher knows it (hooks.query; `name` is then ''), else by

@@ -7,8 +7,8 @@
 //! bound to the address, and the ones queued on a socket when it closes
 //! are reset. So a shutdown takes what is queued ([`drain_backlog`]) and
 //! closes in the same moment; `net.ipv4.tcp_migrate_req = 1` (Linux 5.14+)
-//! has the kernel move even half-open ones to another socket (README,
-//! "Running several instances").
+//! has the kernel move even half-open ones to another socket
+//! (docs/operations.md, "Running several instances").
 
 use std::io;
 use std::net::SocketAddr;

@@ -40,7 +40,7 @@
 //!   that prepares it afresh runs it with the new shape. usher cannot tell
 //!   the old shape without keeping every statement's RowDescription; the
 //!   generator closes a client's statements after DDL instead, as drivers
-//!   do when they meet 0A000 (README, prepared statements).
+//!   do when they meet 0A000 (docs/clients.md, "Prepared statements").
 //!
 //! `scripts/differential.sh --extended` runs it longer.
 

@@ -52,7 +52,7 @@ async fn an_idle_client_costs_at_most_two_kilobytes() {
         n + 100
     );
     // 1.8 KB measured (debug build, glibc's malloc; 1.6 under mimalloc,
-    // which usher does not use: README "Performance"; it was 7.0 with the whole serve loop's
+    // which usher does not use: docs/performance.md "Memory"; it was 7.0 with the whole serve loop's
     // future in every idle task). What an idle client holds (heaptrack): its
     // task, 256 B (the small serve future: the busy phase is boxed and
     // freed while idle); tokio's socket registration, 256 B; the Session,

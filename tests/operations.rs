@@ -451,7 +451,7 @@ async fn a_reload_that_would_leave_nothing_is_refused() {
     }
 }
 
-/// The configuration the quickstart runs (and the README shows) stays
+/// The configuration the quickstart runs (and the README's tour uses) stays
 /// valid, with the repository's example hooks.
 #[test]
 fn the_shipped_configuration_is_valid() {

@@ -349,7 +349,7 @@ mod differential {
     /// A random statement for a client whose transaction status is
     /// `status`, and whether it may go by the extended protocol.
     /// `local_default`: the block ran SET LOCAL ... TO DEFAULT, after which
-    /// RESET ALL is not generated (README, a known limit: PostgreSQL's
+    /// RESET ALL is not generated (docs/clients.md, a known limit: PostgreSQL's
     /// RESET ALL skips a setting whose value came from its reset value,
     /// and at COMMIT the value before the SET LOCAL comes back; through
     /// usher the startup value stays).
@@ -381,7 +381,7 @@ mod differential {
             80..=89 => RENDER.into(),
             // Two statements in one Query: a reset only last (the
             // statements after a reset in one Query see the server's
-            // default until its ReadyForQuery: README, a known limit).
+            // default until its ReadyForQuery: docs/clients.md, a known limit).
             _ => {
                 let (second, _) = statement(rng, status, local_default);
                 let first = match rng.gen_range(0..3) {

@@ -1,7 +1,7 @@
 ---@meta
 -- LuaLS annotations for usher hooks: point your editor's Lua language server
 -- at this folder (it is not loaded as a hook: only *.lua files directly in
--- hooks/ are). See README.md, "Hooks", for when each event runs.
+-- hooks/ are). See docs/hooks.md, "Events", for when each event runs.
 
 ---@class UsherTls
 ---@field version string             protocol version, e.g. "TLSv1_3"

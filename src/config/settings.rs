@@ -4,7 +4,7 @@
 //! Serde's defaults ([`default_value`]), SHOW CONFIG (the rows marked
 //! `show`, in this order; `changeable` is "not restart-only") and RELOAD
 //! (which holds the [`restart_units`]) all read [`SETTINGS`]; a unit test
-//! checks README.md's `| key | default | meaning |` tables and the shipped
+//! checks docs/configuration.md's `| key | default | meaning |` tables and the shipped
 //! `config/usher.yaml` against it.
 //!
 //! Keys are dotted paths; `<name>` stands for a key of `databases` or
@@ -346,6 +346,9 @@ mod tests {
     use crate::config::Config;
     use std::collections::BTreeMap;
 
+    /// The page whose key tables document every setting.
+    const DOC: &str = "docs/configuration.md";
+
     fn repo_file(name: &str) -> String {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(name);
         std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
@@ -356,16 +359,16 @@ mod tests {
         cell.split('`').skip(1).step_by(2).collect()
     }
 
-    /// Every row of README.md's `| key | default | meaning |` tables, as
+    /// Every row of docs/configuration.md's `| key | default | meaning |` tables, as
     /// (key, default cell, line). A cell naming several keys (`a.b` / `c`,
     /// or `a.b`, `c`, ...) gives a row per key; bare names are siblings of
     /// the first key. A default cell with as many ` / `-separated parts as
     /// keys gives each key its part.
-    fn readme_rows() -> Vec<(String, String, usize)> {
-        let readme = repo_file("README.md");
+    fn doc_rows() -> Vec<(String, String, usize)> {
+        let doc = repo_file(DOC);
         let mut rows = Vec::new();
         let mut in_table = false;
-        for (n, line) in readme.lines().enumerate() {
+        for (n, line) in doc.lines().enumerate() {
             let line_no = n + 1;
             if line.starts_with("| key | default | meaning |") {
                 in_table = true;
@@ -379,11 +382,11 @@ mod tests {
                 continue;
             }
             let cells: Vec<&str> = line.split(" | ").collect();
-            assert!(cells.len() >= 3, "README.md:{line_no}: not a 3-column row");
+            assert!(cells.len() >= 3, "{DOC}:{line_no}: not a 3-column row");
             let keys = code_spans(cells[0]);
             assert!(
                 !keys.is_empty(),
-                "README.md:{line_no}: no key in `{}`",
+                "{DOC}:{line_no}: no key in `{}`",
                 cells[0]
             );
             let parent = keys[0].rsplit_once('.').map(|(p, _)| p);
@@ -405,11 +408,11 @@ mod tests {
     }
 
     #[test]
-    fn the_readme_documents_every_key_with_its_default() {
-        let rows = readme_rows();
+    fn the_configuration_doc_documents_every_key_with_its_default() {
+        let rows = doc_rows();
         assert!(
             rows.len() > 50,
-            "README tables not found ({} rows)",
+            "{DOC}: key tables not found ({} rows)",
             rows.len()
         );
         let mut wrong = Vec::new();
@@ -418,9 +421,7 @@ mod tests {
             // `auth_monitor.*`: the section, documented further on.
             let name = key.strip_suffix(".*").unwrap_or(key);
             if spec(name).is_none() {
-                wrong.push(format!(
-                    "README.md:{line}: `{key}` is not a configuration key"
-                ));
+                wrong.push(format!("{DOC}:{line}: `{key}` is not a configuration key"));
             }
             documented.insert(name, (default, *line));
         }
@@ -428,7 +429,7 @@ mod tests {
             let Some((cell, line)) = documented.get(s.key) else {
                 // A section is documented by its keys.
                 if !is_section(s.key) {
-                    wrong.push(format!("`{}` is not in README.md's tables", s.key));
+                    wrong.push(format!("`{}` is not in {DOC}'s tables", s.key));
                 }
                 continue;
             };
@@ -438,7 +439,7 @@ mod tests {
             };
             if !ok {
                 wrong.push(format!(
-                    "README.md:{line}: `{}` defaults to {:?}, not `{cell}`",
+                    "{DOC}:{line}: `{}` defaults to {:?}, not `{cell}`",
                     s.key, s.default
                 ));
             }

@@ -20,7 +20,7 @@
 //!
 //! With peering off the secret is 32 random bits. With it on, 17 are
 //! random: a forged cancel (which needs the pid too) is guessed once in
-//! 131,072 tries rather than once in 4 billion; README says so.
+//! 131,072 tries rather than once in 4 billion; docs/operations.md says so.
 
 /// The peer id's bits.
 pub const PEER_ID_MASK: u32 = 0x3FFF;

@@ -20,12 +20,13 @@ const LAYERS: &[&str] = &[
     "signals",  // SIGHUP, SIGTERM, ... (what they do is App's and admin's)
 ];
 
-/// `crate::<name>` paths in a file's code (comments and test modules left
-/// out, as they do not make a dependency of the module).
+/// `crate::<name>` paths in a file's code (comments and the test module
+/// at its end left out, as they do not make a dependency of the module;
+/// everything before it is read, `#[cfg(test)]` items too).
 fn imports(text: &str) -> BTreeSet<String> {
     let mut found = BTreeSet::new();
     for line in text.lines() {
-        if line.contains("#[cfg(test)]") {
+        if line.trim_start().starts_with("mod tests {") {
             break;
         }
         let code = line.split("//").next().unwrap_or_default();
@@ -49,7 +50,9 @@ fn files(path: &Path, out: &mut Vec<std::path::PathBuf>) {
         for entry in std::fs::read_dir(path).unwrap() {
             files(&entry.unwrap().path(), out);
         }
-    } else if path.extension().is_some_and(|e| e == "rs") {
+    } else if path.extension().is_some_and(|e| e == "rs")
+        && !path.parent().is_some_and(|p| p.ends_with("tests"))
+    {
         out.push(path.to_path_buf());
     }
 }

@@ -254,7 +254,7 @@ impl ClientStatements {
         if let Some(now) = plan.unnamed.take_undone() {
             self.unnamed = now;
         }
-        for (number, now) in plan.unnamed.take_applying() {
+        while let Some((number, now)) = plan.unnamed.next_applying() {
             let before = std::mem::replace(&mut self.unnamed, now);
             plan.unnamed.applied(number, before);
         }
@@ -390,6 +390,18 @@ impl ResponsePlan {
             && self.used.is_empty()
             && self.syncs_sent == self.ready_seen
             && self.unnamed.is_empty()
+    }
+
+    /// As new, keeping what its queues allocated (reset at every
+    /// transaction's end).
+    pub fn reset(&mut self) {
+        self.owed.clear();
+        self.used.clear();
+        self.syncs_sent = 0;
+        self.ready_seen = 0;
+        self.changes.clear();
+        self.undone.clear();
+        self.unnamed.reset();
     }
 
     /// A Sync or Query went to the server.

@@ -153,7 +153,13 @@ impl UnnamedTrack {
 
     /// An event went out in batch `segment`; `now`: the client's statement
     /// after it (a change of the client's, applied by the session).
-    pub fn sent(&mut self, segment: u64, by: By, after: Option<u64>, now: Option<Unnamed>) -> Event {
+    pub fn sent(
+        &mut self,
+        segment: u64,
+        by: By,
+        after: Option<u64>,
+        now: Option<Unnamed>,
+    ) -> Event {
         let certain = match by {
             By::ClientParse | By::ClientClose => self.fresh,
             By::Drops | By::UsherClose => true,
@@ -170,10 +176,21 @@ impl UnnamedTrack {
         event
     }
 
-    /// The client's changes to apply, in order; [`UnnamedTrack::applied`]
-    /// takes what each replaced.
-    pub fn take_applying(&mut self) -> VecDeque<(u64, Option<Unnamed>)> {
-        std::mem::take(&mut self.applying)
+    /// The next of the client's changes to apply, in order;
+    /// [`UnnamedTrack::applied`] takes what it replaced.
+    pub fn next_applying(&mut self) -> Option<(u64, Option<Unnamed>)> {
+        self.applying.pop_front()
+    }
+
+    /// As new, keeping what it allocated (a flow's plan is reset at every
+    /// transaction's end).
+    pub fn reset(&mut self) {
+        self.pending = 0;
+        self.last = None;
+        self.befores.clear();
+        self.applying.clear();
+        self.undone = None;
+        self.fresh = false;
     }
 
     /// Change `number` replaced `before`.
@@ -245,7 +262,6 @@ impl UnnamedTrack {
     pub fn take_undone(&mut self) -> Option<Option<Unnamed>> {
         self.undone.take()
     }
-
 }
 
 #[cfg(test)]
@@ -263,7 +279,7 @@ mod tests {
         let a = Unnamed::new(b"select 1\0\0\0");
         t.set_fresh(false);
         let e = t.sent(0, By::ClientParse, Some(7), None);
-        let (n, _) = t.take_applying().pop_front().unwrap();
+        let (n, _) = t.next_applying().unwrap();
         t.applied(n, Some(a.clone()));
         assert_eq!(t.use_in(1), Use::Wait, "undecided, not first in its batch");
         t.decided(e, Outcome::Skipped, &mut server);
@@ -272,7 +288,7 @@ mod tests {
 
         t.set_fresh(true);
         let e = t.sent(1, By::ClientParse, Some(8), None);
-        t.take_applying();
+        t.next_applying();
         assert_eq!(t.use_in(1), Use::Here);
         assert_eq!(t.use_in(2), Use::Check, "first in its batch: never skipped");
         t.decided(e, Outcome::Refused, &mut server);
@@ -287,7 +303,7 @@ mod tests {
         t.set_fresh(false);
         let first = t.sent(0, By::ClientParse, Some(1), None);
         let query = t.sent(1, By::Drops, None, None);
-        assert_eq!(t.take_applying().len(), 2);
+        assert!(t.next_applying().is_some() && t.next_applying().is_some());
         assert_eq!(t.expected(&server), None);
         t.decided(first, Outcome::Skipped, &mut server);
         assert!(t.take_undone().is_none(), "the Query's drop stands");

@@ -4,14 +4,14 @@
 //! A [`ServerConn`] knows nothing of clients; the frontend forwards bytes
 //! over its stream and tells it what it saw (ParameterStatus, ReadyForQuery).
 //!
-//! - [`stream`]: TCP or TLS to the server (`databases.<name>.tls`).
+//! - [`server_stream`]: TCP or TLS to the server (`databases.<name>.tls`).
 //! - [`credential`]: what usher logs in with (password, md5, SCRAM keys).
 //! - [`hosts`]: which of a database's hosts to try, in what order, and
 //!   the back-off of those that failed.
 //! - [`error`]: [`ConnectError`] (connect and login), [`QueryError`]
 //!   (usher's own statements); no client-facing text.
-//! - [`params`]: the connection's record of its parameters and the one
-//!   call that brings it in line with what a session wants.
+//! - [`server_params`]: the connection's record of its parameters and the
+//!   one call that brings it in line with what a session wants.
 
 mod connect;
 pub(crate) mod credential;

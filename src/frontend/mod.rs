@@ -4,10 +4,11 @@
 //! - [`session`]: the serve loop that borrows server connections from the
 //!   pool and forwards bytes both ways.
 //! - [`params`]: the session's parameters, carried to every server connection.
-//! - [`registry`]: connected clients by BackendKeyData, for cancel requests.
+//! - [`client_registry`]: connected clients by BackendKeyData, for cancel
+//!   requests.
 //! - [`peers`]: cancel requests whose key another usher gave: forwarded once.
-//! - [`slots`]: login slots, in all and per address.
-//! - [`stream`]: the client's connection, plain or TLS.
+//! - [`login_slots`]: login slots, in all and per address.
+//! - [`client_stream`]: the client's connection, plain or TLS.
 //! - [`flow`]: the forwarding decisions, without I/O (unit-tested).
 //! - [`prepared`]: named prepared statements carried in transaction mode;
 //!   [`unnamed`]: the client's unnamed statement, kept as PostgreSQL keeps it.

@@ -13,7 +13,7 @@
 //! session advisory locks, temporary objects, WITH HOLD cursors, SQL-level
 //! PREPARE, LOAD), and those that may end it (UNLISTEN, the advisory
 //! unlocks, DISCARD, DROP, CLOSE, DEALLOCATE): transaction mode keeps such
-//! a client's server connection (`flow.rs`), and asks the server what is
+//! a client's server connection (`flow/`), and asks the server what is
 //! left when a statement may have ended it. A bit set: no allocation.
 //!
 //! And it names the databases a statement needs no other session on

@@ -20,7 +20,7 @@
 //! ([`ServerStep::SendRefusal`]), so the answers stay in order and a
 //! transaction block is aborted as it would be directly.
 //!
-//! The serve loop (`session.rs`) only moves bytes: it walks them with a
+//! The serve loop (`session/`) only moves bytes: it walks them with a
 //! `FrameWalker`, hands each message to the flow, and acts on the
 //! [`ClientStep`] or [`ServerStep`] it returns. The unit tests below drive
 //! a flow with byte fixtures, as `protocol/frames.rs` is tested.

@@ -22,8 +22,13 @@
 //!
 //! The serve loop (`session/`) only moves bytes: it walks them with a
 //! `FrameWalker`, hands each message to the flow, and acts on the
-//! [`ClientStep`] or [`ServerStep`] it returns. The unit tests below drive
-//! a flow with byte fixtures, as `protocol/frames.rs` is tested.
+//! [`ClientStep`] or [`ServerStep`] it returns (a step carries what it
+//! needs: the error to send, the Query to retry).
+//!
+//! This file holds the steps and the flow's state; the decisions are in
+//! `client_side.rs` (client messages), `server_side.rs` (server messages)
+//! and `pinning.rs` (pins, slots, refusals); `tests/` drive a flow with
+//! byte fixtures, as `protocol/frames.rs` is tested.
 
 use super::prepared::{self, Answer, Prepares, QueryRewrite, ResponsePlan, Segment};
 use super::sql_scan::{self, Effects, PinKinds, SqlPrepared};

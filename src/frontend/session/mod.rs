@@ -11,6 +11,12 @@
 //! In transaction mode with `prepared_statements` on, messages that name a
 //! prepared statement (Parse, Bind, Describe, Close) are read whole and
 //! rewritten by [`super::prepared`]; everything else still streams through.
+//!
+//! This file holds the session, its phases (parked, busy) and its end;
+//! `serve_loop.rs` the busy phase's loop, `client_data.rs` and
+//! `server_data.rs` the forwarding each way, `transaction.rs` a
+//! transaction's server connection (checkout, pinning, release), and
+//! `session_start.rs` hooks, resets put back and settings read back.
 
 use super::abandon::{self, Abandoned};
 use super::budget;

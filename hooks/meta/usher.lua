@@ -36,7 +36,7 @@
 ---@field duration_ms integer?       session_end
 ---@field user_exists boolean?       auth_attempt
 ---@field method string?             auth_attempt: the authentication method
----@field outcome string?            auth_attempt: "success" | "wrong_password" | "unknown_user" | "hba_reject" | "tls_required" | "timeout" | "protocol_error" | "refused"
+---@field outcome string?            auth_attempt: "success" | "wrong_password" | "unknown_user" | "hba_reject" | "tls_required" | "timeout" | "protocol_error" | "refused" | "locked"
 ---@field success boolean?           auth_attempt
 local UsherCtx = {}
 

@@ -384,7 +384,7 @@ impl Console {
                     sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE,
                     "the auth monitor has no shared store",
                 )
-                .with_hint("configure auth_monitor.store (README: Auth monitoring)")),
+                .with_hint("configure auth_monitor.store (docs/security.md, Auth monitoring)")),
             },
             "BLOCKING" => Ok(self.deps.builtins.blocking.show().into()),
             "PEERS" => Ok(stats::show_peers(&self.deps)),
@@ -402,7 +402,7 @@ impl Console {
                 sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE,
                 "auth monitoring is off",
             )
-            .with_hint("configure auth_monitor (README: Auth monitoring)")
+            .with_hint("configure auth_monitor (docs/security.md, Auth monitoring)")
         })
     }
 

@@ -143,6 +143,17 @@ impl StatementRegistry {
     }
 }
 
+/// Segment `v` (counted from 1) once Syncs `r..r + n` owe nothing (the
+/// server ignored them, see `Flow::copy_started_at`): later ones are
+/// numbered `n` lower, and those ended by them join segment `r`.
+pub fn renumbered(v: u64, r: u64, n: u64) -> u64 {
+    match v {
+        v if v < r => v,
+        v if v < r + n => r,
+        v => v - n,
+    }
+}
+
 /// The server-side name of statement `id`.
 pub fn server_name(id: u64) -> String {
     format!("usher_{id}")
@@ -413,11 +424,7 @@ impl ResponsePlan {
     /// IN mode, see `Flow::copy_started_at`): renumber what is owed.
     pub fn syncs_ignored(&mut self, r: u64, n: u64) {
         // Entries hold the Syncs sent before them (their Sync's number - 1).
-        let shift = |s: u64| match s + 1 {
-            v if v < r => s,
-            v if v < r + n => r - 1,
-            _ => s - n,
-        };
+        let shift = |s: u64| renumbered(s + 1, r, n) - 1;
         self.syncs_sent -= n;
         for (segment, _) in &mut self.owed {
             *segment = shift(*segment);
@@ -624,11 +631,8 @@ pub fn statement_named(tag: u8, body: &[u8]) -> Option<&[u8]> {
 /// True if this client message uses the unnamed statement (a Bind of it,
 /// or a Describe of it). `body`: the whole body, or a Bind's head.
 pub fn uses_unnamed(tag: u8, body: &[u8]) -> bool {
-    match tag {
-        frontend::BIND => bind_names(body).is_some_and(|(_, name, _)| name.is_empty()),
-        frontend::DESCRIBE => body == [target::STATEMENT, 0],
-        _ => false,
-    }
+    matches!(tag, frontend::BIND | frontend::DESCRIBE)
+        && statement_named(tag, body).is_some_and(<[u8]>::is_empty)
 }
 
 /// The name in an unnamed Parse of `DEALLOCATE [PREPARE] name` (how
@@ -748,10 +752,7 @@ impl Rewriter<'_> {
                     // client's Parse would, with 25P02 in a failed block
                     // or a syntax error), and dropped again (right after
                     // it, so never skipped where it was made).
-                    let start = begin(out, frontend::PARSE);
-                    put_cstr(out, CHECK_STATEMENT);
-                    out.put_slice(&definition);
-                    finish(out, start);
+                    put_parse(out, CHECK_STATEMENT, &definition);
                     self.plan.expect(Expect::Pass);
                     put_close(out, CHECK_STATEMENT);
                     self.plan.expect(Expect::Drop);
@@ -1034,10 +1035,7 @@ impl Rewriter<'_> {
         match &self.statements.unnamed {
             Some(u) if expected == Some(u.token) => {}
             Some(u) => {
-                let start = begin(out, frontend::PARSE);
-                out.put_u8(0);
-                out.put_slice(&u.definition);
-                finish(out, start);
+                put_parse(out, "", &u.definition);
                 let after = Some(u.token);
                 self.plan.unnamed_sent(By::UsherParse, after, None);
             }
@@ -1049,10 +1047,7 @@ impl Rewriter<'_> {
     }
 
     fn parse_on_server(&mut self, id: u64, definition: &[u8], forward: bool, out: &mut BytesMut) {
-        let start = begin(out, frontend::PARSE);
-        put_cstr(out, &server_name(id));
-        out.put_slice(definition);
-        finish(out, start);
+        put_parse(out, &server_name(id), definition);
         self.prepared.put(id, ());
         self.plan.expect(Expect::Prepared { id, forward });
     }
@@ -1154,6 +1149,14 @@ fn finish(out: &mut BytesMut, start: usize) {
 fn put_cstr(out: &mut BytesMut, s: &str) {
     out.put_slice(s.as_bytes());
     out.put_u8(0);
+}
+
+/// A Parse of `name` with `definition` (query text, NUL, parameter types).
+fn put_parse(out: &mut BytesMut, name: &str, definition: &[u8]) {
+    let start = begin(out, frontend::PARSE);
+    put_cstr(out, name);
+    out.put_slice(definition);
+    finish(out, start);
 }
 
 fn put_close(out: &mut BytesMut, name: &str) {

@@ -30,19 +30,25 @@ impl Flow {
     /// A client message (whole, or its head if it streams).
     pub fn client_message(&mut self, tag: u8, body: &[u8]) -> ClientStep {
         let mut check_unnamed = false;
-        if self.rewriting && prepared::uses_unnamed(tag, body) {
-            match self.plan.unnamed_use() {
-                Use::Here => {}
-                Use::Check => check_unnamed = true,
-                Use::Wait => return ClientStep::Wait,
+        // The statement it names, read once (a Bind's head is parsed here).
+        let named = if self.rewriting {
+            prepared::statement_named(tag, body)
+        } else {
+            None
+        };
+        match named {
+            Some([]) if matches!(tag, frontend::BIND | frontend::DESCRIBE) => {
+                match self.plan.unnamed_use() {
+                    Use::Here => {}
+                    Use::Check => check_unnamed = true,
+                    Use::Wait => return ClientStep::Wait,
+                }
             }
-        }
-        if self.rewriting
-            && prepared::statement_named(tag, body)
-                .is_some_and(|name| !name.is_empty() && self.plan.name_undecided(name))
-        {
             // Whether the name exists hangs on an earlier batch's answer.
-            return ClientStep::Wait;
+            Some(name) if !name.is_empty() && self.plan.name_undecided(name) => {
+                return ClientStep::Wait;
+            }
+            _ => {}
         }
         let mut carried = false;
         let effects = match tag {

@@ -228,11 +228,7 @@ impl Flow {
     /// Syncs `r..r + n` (counted from 1) owe nothing: later segments are
     /// numbered `n` lower, and those ended by them join segment `r`.
     pub(super) fn syncs_ignored(&mut self, r: u64, n: u64) {
-        let shift = |v: u64| match v {
-            v if v < r => v,
-            v if v < r + n => r,
-            v => v - n,
-        };
+        let shift = |v: u64| prepared::renumbered(v, r, n);
         self.pending = self.pending.saturating_sub(n as u32);
         self.syncs_sent -= n;
         self.last_query = shift(self.last_query);

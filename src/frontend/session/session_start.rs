@@ -5,6 +5,23 @@
 use super::*;
 
 impl Session {
+    /// Brings the server connection in line with the session's
+    /// parameters; the reported ones whose value changed.
+    pub(super) async fn params_in_line(
+        &mut self,
+        conn: &mut crate::backend::ServerConn,
+    ) -> Result<Vec<(String, String)>, PgError> {
+        self.params
+            .bring_in_line(conn, "", None)
+            .await
+            .map_err(|e| {
+                PgError::fatal(
+                    e.sqlstate(),
+                    format!("could not apply session parameters: {e}"),
+                )
+            })
+    }
+
     /// Runs session_start hooks: their parameters replace those of the
     /// previous run; notices and failures (as WARNINGs) go to the client.
     /// Returns the statements hooks asked to run (session mode).
@@ -80,16 +97,7 @@ impl Session {
         checkout: &mut Checkout,
         exec: Vec<String>,
     ) -> Result<(), PgError> {
-        let changed = self
-            .params
-            .bring_in_line(&mut checkout.conn, "", None)
-            .await
-            .map_err(|e| {
-                PgError::fatal(
-                    e.sqlstate(),
-                    format!("could not apply session parameters: {e}"),
-                )
-            })?;
+        let changed = self.params_in_line(&mut checkout.conn).await?;
         report_parameters(client, changed).await?;
         self.run_session_statements(client, checkout, exec).await
     }
@@ -169,15 +177,7 @@ impl Session {
             }
             self.settle_settings(client, fwd, false).await?;
             let checkout = fwd.held.as_mut().expect("a server connection is held");
-            self.params
-                .bring_in_line(&mut checkout.conn, "", None)
-                .await
-                .map_err(|e| {
-                    PgError::fatal(
-                        e.sqlstate(),
-                        format!("could not apply session parameters: {e}"),
-                    )
-                })?;
+            self.params_in_line(&mut checkout.conn).await?;
             self.run_session_statements(client, checkout, exec).await?;
         } else if status == crate::protocol::tags::status::FAILED {
             // The error aborted the (sub)transaction, and the resets with

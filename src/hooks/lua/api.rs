@@ -32,42 +32,44 @@ pub(super) fn usher_table(lua: &Lua, services: Arc<LuaServices>) -> mlua::Result
     let s = services.clone();
     usher.set(
         "query",
-        lua.create_async_function(move |lua, (sql, params): (String, MultiValue)| {
-            let s = s.clone();
-            async move {
-                let params: Vec<Option<String>> = params
-                    .iter()
-                    .map(|v| match v {
-                        Value::Nil => Ok(None),
-                        Value::Boolean(b) => Ok(Some(b.to_string())),
-                        Value::Integer(i) => Ok(Some(i.to_string())),
-                        Value::Number(n) => Ok(Some(n.to_string())),
-                        Value::String(s) => Ok(Some(s.to_str()?.to_string())),
-                        other => Err(mlua::Error::runtime(format!(
-                            "usher.query: parameters must be strings, numbers, booleans or nil, got {}",
-                            other.type_name()
-                        ))),
-                    })
-                    .collect::<mlua::Result<_>>()?;
-                let query = async { s.query.query(&sql, &params).await.map_err(mlua::Error::runtime) };
-                let rows = super::vm::within_budget(&lua, query).await?;
-                let out = lua.create_table()?;
-                for row in rows {
-                    let t = lua.create_table()?;
-                    for (name, value) in row {
-                        let v = match value {
-                            QueryValue::Null => Value::Nil,
-                            QueryValue::Bool(b) => Value::Boolean(b),
-                            QueryValue::Int(i) => Value::Integer(i),
-                            QueryValue::Num(n) => Value::Number(n),
-                            QueryValue::Text(s) => Value::String(lua.create_string(&s)?),
-                        };
-                        t.set(name, v)?;
-                    }
-                    out.push(t)?;
+        lua.create_function(move |lua, (sql, params): (String, MultiValue)| {
+            let params: Vec<Option<String>> = params
+                .iter()
+                .map(|v| match v {
+                    Value::Nil => Ok(None),
+                    Value::Boolean(b) => Ok(Some(b.to_string())),
+                    Value::Integer(i) => Ok(Some(i.to_string())),
+                    Value::Number(n) => Ok(Some(n.to_string())),
+                    Value::String(s) => Ok(Some(s.to_str()?.to_string())),
+                    other => Err(mlua::Error::runtime(format!(
+                        "usher.query: parameters must be strings, numbers, booleans or nil, got {}",
+                        other.type_name()
+                    ))),
+                })
+                .collect::<mlua::Result<_>>()?;
+            let query = async {
+                s.query
+                    .query(&sql, &params)
+                    .await
+                    .map_err(mlua::Error::runtime)
+            };
+            let rows = super::vm::await_within_budget(lua, "usher.query", query)?;
+            let out = lua.create_table()?;
+            for row in rows {
+                let t = lua.create_table()?;
+                for (name, value) in row {
+                    let v = match value {
+                        QueryValue::Null => Value::Nil,
+                        QueryValue::Bool(b) => Value::Boolean(b),
+                        QueryValue::Int(i) => Value::Integer(i),
+                        QueryValue::Num(n) => Value::Number(n),
+                        QueryValue::Text(s) => Value::String(lua.create_string(&s)?),
+                    };
+                    t.set(name, v)?;
                 }
-                Ok(out)
+                out.push(t)?;
             }
+            Ok(out)
         })?,
     )?;
 
@@ -130,16 +132,10 @@ pub(super) fn usher_table(lua: &Lua, services: Arc<LuaServices>) -> mlua::Result
     let s = services;
     roles.set(
         "is_member",
-        lua.create_async_function(move |_, (user, role): (String, String)| {
-            let s = s.clone();
-            async move {
-                let graph = s
-                    .roles
-                    .graph(&s.query)
-                    .await
-                    .map_err(mlua::Error::runtime)?;
-                Ok(graph.is_member(&user, &role))
-            }
+        lua.create_function(move |lua, (user, role): (String, String)| {
+            let graph = async { s.roles.graph(&s.query).await.map_err(mlua::Error::runtime) };
+            let graph = super::vm::await_within_budget(lua, "usher.roles.is_member", graph)?;
+            Ok(graph.is_member(&user, &role))
         })?,
     )?;
     usher.set("roles", roles)?;

@@ -7,8 +7,11 @@
 //! ([`threads`]), which borrows a whole VM from the engine's pool (no VM is
 //! ever shared between threads behind a lock), so hooks on different
 //! connections run in parallel, and a hook waiting on `usher.query` blocks
-//! no worker. The client's task awaits the answer until the call's
-//! deadline. A VM whose call ran out of time or memory is thrown away on
+//! no worker. A call is a plain Lua call (no coroutine): `usher.query` and
+//! `usher.roles.is_member` block their hook thread on the runtime until
+//! the answer or the deadline. The client's task awaits the answer until
+//! the call's deadline. The time budget's count hook is armed only on a
+//! call that runs long ([`watchdog`]). A VM whose call ran out of time or memory is thrown away on
 //! its thread, after the client has its answer; the next call builds a
 //! fresh one (its files' top level run again, on the hook thread, within
 //! that call's budget). Loading (at start, `usher hooks check`, RELOAD)
@@ -18,6 +21,7 @@ mod api;
 mod convert;
 pub(crate) mod threads;
 mod vm;
+mod watchdog;
 
 pub use threads::HookThreads;
 pub use vm::HookSource;
@@ -335,30 +339,31 @@ impl LuaEngine {
             Err(e) => return (Err(failed(e)), self.checkin(vm)),
         };
         vm.budget.start(deadline);
-        let call = vm.run.call_async::<mlua::Value>((
-            &vm.files[index],
-            &vm.names.events[event as usize],
-            blob,
-            varblob,
-            reason.map(|r| vm.names.reason(r)),
-            fields,
-        ));
-        // Awaited calls (usher.query) run on the runtime through its
-        // handle; this thread only waits for them.
-        let outcome =
-            runtime.block_on(async { tokio::time::timeout_at(deadline.into(), call).await });
+        // A plain call: usher.query and the like block this hook thread
+        // on the runtime (vm::await_within_budget), never a worker.
+        let outcome = {
+            let _runtime = vm::CallRuntime::enter(runtime);
+            let _watched = watchdog::Watched::start(vm.main, &vm.budget, self.settings.timeout);
+            vm.run.call::<mlua::Value>((
+                &vm.files[index],
+                &vm.names.events[event as usize],
+                blob,
+                varblob,
+                reason.map(|r| vm.names.reason(r)),
+                fields,
+            ))
+        };
         vm.budget.stop();
         let exceeded = vm.budget.was_exceeded();
         match outcome {
-            Err(_) => (Err(HookError::Timeout), Some(vm)), // an awaited call ran too long
-            Ok(Err(_)) if exceeded => (Err(HookError::Timeout), Some(vm)),
-            Ok(Err(e)) if is_memory_error(&e) => (Err(HookError::Memory), Some(vm)),
-            Ok(Err(e)) => (Err(HookError::Failed(first_line(&e))), self.checkin(vm)),
-            Ok(Ok(mlua::Value::Table(t))) if t == vm.no_handler => (
+            Err(_) if exceeded => (Err(HookError::Timeout), Some(vm)),
+            Err(e) if is_memory_error(&e) => (Err(HookError::Memory), Some(vm)),
+            Err(e) => (Err(HookError::Failed(first_line(&e))), self.checkin(vm)),
+            Ok(mlua::Value::Table(t)) if t == vm.no_handler => (
                 Err(HookError::Failed(format!("no {} handler", event.name()))),
                 self.checkin(vm),
             ),
-            Ok(Ok(_)) => {
+            Ok(_) => {
                 let result = collect(&vm).map_err(|e| HookError::Failed(e.to_string()));
                 (result, self.checkin(vm))
             }
@@ -538,12 +543,50 @@ mod tests {
             "function auth_attempt(ctx) while true do pcall(function() while true do end end) end end",
             "function auth_attempt(ctx) while true do xpcall(function() while true do end end, print) end end",
             "function auth_attempt(ctx) while true do coroutine.resume(coroutine.create(function() while true do end end)) end end",
+            "function auth_attempt(ctx) coroutine.wrap(function() while true do end end)() end",
+            // A coroutine made before the call, at the top level, and one
+            // made by a coroutine.
+            "local co = coroutine.create(function() while true do end end)\nfunction auth_attempt(ctx) coroutine.resume(co) end",
+            "function auth_attempt(ctx) coroutine.wrap(function() coroutine.wrap(function() while true do end end)() end)() end",
+            // Lua called back from C.
+            "function auth_attempt(ctx) string.gsub('abc', '%w', function() while true do end end) end",
         ] {
             let e = engine(code, 100, 8);
             let started = Instant::now();
             assert_eq!(run(&e).await, Err(HookError::Timeout), "{code}");
             assert!(started.elapsed() < Duration::from_secs(2), "{code}");
+            // Stopped by the budget: a thread set aside at the deadline
+            // (a busy machine can be late) returns, and none stays stuck.
+            let waited = Instant::now();
+            while e.services.threads.stuck() > 0 && waited.elapsed() < Duration::from_secs(10) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            assert_eq!(e.services.threads.stuck(), 0, "{code}");
         }
+    }
+
+    #[tokio::test]
+    async fn coroutine_wrap_behaves_as_lua_s() {
+        let e = engine(
+            r#"
+function auth_attempt(ctx)
+  local gen = coroutine.wrap(function(a) local b = coroutine.yield(a + 1) return b * 2 end)
+  assert(gen(1) == 2)
+  assert(gen(5) == 10)
+  local ok, err = pcall(gen)
+  assert(not ok and err:find("cannot resume dead coroutine", 1, true), err)
+  local failing = coroutine.wrap(function() error("inner") end)
+  ok, err = pcall(failing)
+  assert(not ok and err:find("inner", 1, true), err)
+  local t = {}
+  ok, err = pcall(coroutine.wrap(function() error(t) end))
+  assert(not ok and err == t)
+end
+"#,
+            1000,
+            8,
+        );
+        assert_eq!(run(&e).await, Ok(()));
     }
 
     #[tokio::test]

@@ -3,7 +3,7 @@
 //! A hook call is a job on a shared queue; an idle hook thread takes it,
 //! runs it, and answers through a oneshot the client's task awaits until
 //! the call's deadline. Lua code is stopped at its deadline by the
-//! instruction-count hook, but a single C call (a catastrophic
+//! instruction-count hook (armed by the watchdog, see watchdog.rs), but a single C call (a catastrophic
 //! `string.find`) is not: its client gets its timeout at the deadline all
 //! the same, and the thread, still in the call, is set aside: its priority
 //! is lowered to the least (nice 19), it no longer counts as a pool

@@ -6,13 +6,15 @@
 //! os.execute/remove/rename/exit/getenv, no debug, no load/loadfile/dofile
 //! and no bytecode, and no `__gc` finalizers. Each call, and the files' top
 //! level when a VM is built, runs under a time budget, enforced by an
-//! instruction-count hook, and the VM under a memory limit.
+//! instruction-count hook that the watchdog arms on a call that runs long
+//! ([`super::watchdog`]), and the VM under a memory limit.
 
 use super::api;
+use super::watchdog::{self, MainState, Watched};
 use super::LuaServices;
 use crate::hooks::{Event, SessionReason};
 use mlua::chunk::ChunkMode;
-use mlua::{Function, HookTriggers, Lua, LuaOptions, LuaString, StdLib, Table, Value, VmState};
+use mlua::{Function, Lua, LuaOptions, LuaString, StdLib, Table, Value};
 use parking_lot::Mutex;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -47,6 +49,16 @@ impl Budget {
         *self.deadline.lock()
     }
 
+    /// Whether the call is past its deadline (and if so, marks the budget
+    /// spent). The count hook's check.
+    pub(super) fn past_deadline(&self) -> bool {
+        let past = self.deadline.lock().is_some_and(|d| Instant::now() >= d);
+        if past {
+            self.exceed();
+        }
+        past
+    }
+
     pub(super) fn was_exceeded(&self) -> bool {
         self.exceeded.load(Ordering::Relaxed)
     }
@@ -57,16 +69,58 @@ impl Budget {
     }
 }
 
-/// Runs an awaited call (a query) within what is left of the hook's budget.
-pub(super) async fn within_budget<T>(
+thread_local! {
+    /// The runtime of the call running on this thread (set by
+    /// [`CallRuntime::enter`]): awaited calls (usher.query) run there.
+    static CALL_RUNTIME: std::cell::Cell<*const tokio::runtime::Handle> =
+        const { std::cell::Cell::new(std::ptr::null()) };
+}
+
+/// While alive, the hook call on this thread may await on `runtime`.
+pub(super) struct CallRuntime<'a> {
+    previous: *const tokio::runtime::Handle,
+    _runtime: std::marker::PhantomData<&'a tokio::runtime::Handle>,
+}
+
+impl<'a> CallRuntime<'a> {
+    pub(super) fn enter(runtime: &'a tokio::runtime::Handle) -> CallRuntime<'a> {
+        let previous = CALL_RUNTIME.replace(runtime);
+        CallRuntime {
+            previous,
+            _runtime: std::marker::PhantomData,
+        }
+    }
+}
+
+impl Drop for CallRuntime<'_> {
+    fn drop(&mut self) {
+        CALL_RUNTIME.set(self.previous);
+    }
+}
+
+/// Runs an awaited call (a query) to its end within what is left of the
+/// hook's budget, blocking this hook thread (never a runtime worker: hook
+/// calls are plain calls on hook threads, so a handler that never awaits
+/// pays nothing for one that might).
+pub(super) fn await_within_budget<T>(
     lua: &Lua,
+    what: &str,
     call: impl std::future::Future<Output = mlua::Result<T>>,
 ) -> mlua::Result<T> {
+    let runtime = CALL_RUNTIME.get();
+    if runtime.is_null() {
+        return Err(mlua::Error::runtime(format!(
+            "{what} is available in handlers only, not at a file's top level"
+        )));
+    }
+    // SAFETY: set by a CallRuntime guard that borrows the handle and lives
+    // for the whole call, which is running on this thread.
+    let runtime = unsafe { &*runtime };
     let deadline = lua.app_data_ref::<Arc<Budget>>().and_then(|b| b.deadline());
     let Some(deadline) = deadline else {
-        return call.await;
+        return runtime.block_on(call);
     };
-    match tokio::time::timeout_at(deadline.into(), call).await {
+    match runtime.block_on(async { tokio::time::timeout_at(deadline.into(), call).await }) {
         Ok(r) => r,
         Err(_) => {
             if let Some(b) = lua.app_data_ref::<Arc<Budget>>() {
@@ -167,6 +221,8 @@ pub(super) struct Vm {
     pub budget: Arc<Budget>,
     /// Strings passed or looked up on every call, made once.
     pub names: Names,
+    /// The main Lua thread, which the watchdog's signal arms.
+    pub main: MainState,
 }
 
 /// Lua strings the engine uses on every call.
@@ -225,28 +281,14 @@ impl Vm {
                 | StdLib::UTF8
                 | StdLib::COROUTINE
                 | StdLib::OS,
-            // Reuse coroutines for call_async instead of creating one per call.
-            LuaOptions::new().thread_pool_size(8),
+            LuaOptions::new(),
         )
         .map_err(setup)?;
-        // The budget hook comes first: threads mlua creates before it is set
-        // would run without it.
+        // The time budget: its count hook is armed by the watchdog (see
+        // watchdog.rs) on a call that runs long.
         let budget = Arc::new(Budget::new());
         lua.set_app_data(budget.clone());
-        let watched = budget.clone();
-        lua.set_global_hook(
-            HookTriggers::new().every_nth_instruction(1000),
-            move |_lua, _debug| {
-                let budget = &watched;
-                let past = budget.deadline.lock().is_some_and(|d| Instant::now() >= d);
-                if past {
-                    budget.exceed();
-                    return Err(mlua::Error::runtime("hook exceeded its time budget"));
-                }
-                Ok(VmState::Continue)
-            },
-        )
-        .map_err(setup)?;
+        let main = watchdog::main_state(&lua).map_err(setup)?;
         let base = sandbox(&lua, dir, services).map_err(setup)?;
         let (_ctx_meta, state, run, encode_vars, no_handler): (
             Table,
@@ -269,6 +311,11 @@ impl Vm {
             .map_err(setup)?;
         let mut files = Vec::with_capacity(sources.len());
         budget.start(deadline);
+        let watched = Watched::start(
+            main,
+            &budget,
+            deadline.saturating_duration_since(Instant::now()),
+        );
         for source in sources {
             let env = (|| -> mlua::Result<Table> {
                 let env = lua.create_table()?;
@@ -285,6 +332,7 @@ impl Vm {
             .map_err(|e| VmError::file(source, &budget, e))?;
             files.push(env);
         }
+        drop(watched);
         budget.stop();
         Ok(Vm {
             lua,
@@ -296,6 +344,7 @@ impl Vm {
             last_blob: None,
             names,
             budget,
+            main,
         })
     }
 
@@ -374,38 +423,76 @@ fn sandbox(lua: &Lua, dir: &Path, services: Arc<LuaServices>) -> mlua::Result<Ta
 }
 
 /// pcall, xpcall and coroutine.resume catch errors, so a hook could catch
-/// the budget's error and loop on. These versions rethrow it.
+/// the budget's error and loop on. These versions rethrow it. And
+/// coroutines get the budget's count hook when created (the watchdog arms
+/// only the main thread): coroutine.create and coroutine.wrap are replaced
+/// by versions that set it (wrap in Lua, as the C one creates its
+/// coroutine where no wrapper can reach).
 fn guard_error_catchers(lua: &Lua, base: &Table) -> mlua::Result<()> {
     let exceeded = lua.create_function(|lua, ()| {
         Ok(lua
             .app_data_ref::<Arc<Budget>>()
             .is_some_and(|b| b.was_exceeded()))
     })?;
+    // SAFETY: a C function that only sets a debug hook on its argument.
+    let watch = unsafe { lua.create_c_function(watchdog::watch_thread)? };
     let wrap: Function = lua
         .load(
             r#"
-local exceeded, pcall, xpcall, resume, pack, unpack, error = ...
+local exceeded, pcall, xpcall, resume, create, status, close, watch, type, error = ...
 local function check(ok, ...)
   if not ok and exceeded() then error("hook exceeded its time budget", 0) end
   return ok, ...
 end
+local function guarded_resume(...) return check(resume(...)) end
+local function watched_create(f)
+  local co = create(f)
+  watch(co)
+  return co
+end
+-- As the C coroutine.wrap: an error in the coroutine closes it and is
+-- raised again, a string with the caller's position.
+local function wrapped(co, ok, ...)
+  if ok then return ... end
+  local e = ...
+  if status(co) == "dead" then
+    local closed, ce = close(co)
+    if not closed then e = ce end
+  end
+  if type(e) == "string" then error(e, 2) end
+  error(e, 0)
+end
 return function(...) return check(pcall(...)) end,
        function(...) return check(xpcall(...)) end,
-       function(...) return check(resume(...)) end
+       guarded_resume,
+       watched_create,
+       function(f)
+         local co = watched_create(f)
+         return function(...) return wrapped(co, guarded_resume(co, ...)) end
+       end
 "#,
         )
         .set_name("=usher budget guard")
         .into_function()?;
     let coroutine: Table = base.get("coroutine")?;
-    let (pcall, xpcall, resume): (Function, Function, Function) = wrap.call((
-        exceeded,
-        base.get::<Function>("pcall")?,
-        base.get::<Function>("xpcall")?,
-        coroutine.get::<Function>("resume")?,
-    ))?;
+    let (pcall, xpcall, resume, create, wrap): (Function, Function, Function, Function, Function) =
+        wrap.call((
+            exceeded,
+            base.get::<Function>("pcall")?,
+            base.get::<Function>("xpcall")?,
+            coroutine.get::<Function>("resume")?,
+            coroutine.get::<Function>("create")?,
+            coroutine.get::<Function>("status")?,
+            coroutine.get::<Function>("close")?,
+            watch,
+            base.get::<Function>("type")?,
+            base.get::<Function>("error")?,
+        ))?;
     base.set("pcall", pcall)?;
     base.set("xpcall", xpcall)?;
     coroutine.set("resume", resume)?;
+    coroutine.set("create", create)?;
+    coroutine.set("wrap", wrap)?;
     Ok(())
 }
 

@@ -68,7 +68,7 @@ median() { sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 # DURATION seconds; prints "tps cpu_us_per_txn", the CPU (user + system)
 # the process PID (a pooler) used per transaction pgbench reports (0 when
 # PID is 0: PostgreSQL directly). Prepared mode runs a pgbench thread per
-# client (pgbench prepares synchronously; see tests/prepared.rs).
+# client (pgbench prepares synchronously; see tests/it/prepared.rs).
 run() {
   local port=$1 pid=$2 mode=$3 clients=$4 jobs=${JOBS:-2} before=0 after=0 out txns tps
   shift 4

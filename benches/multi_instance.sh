@@ -28,8 +28,8 @@
 #    within MAX_FAILURES + 2 failures (an instance may not have read the
 #    others' last failures yet), every instance refused, and the rows agree.
 #
-# Run by hand, not in CI (HAProxy, root for apt-get); tests/peers.rs and
-# tests/auth_store.rs run the same scenarios without HAProxy.
+# Run by hand, not in CI (HAProxy, root for apt-get); tests/it/peers.rs and
+# tests/it/auth_store.rs run the same scenarios without HAProxy.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/pg-env.sh

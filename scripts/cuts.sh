@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The cut test of tests/cuts.rs, longer than CI's: clients cut at sampled
+# The cut test of tests/it/cuts.rs, longer than CI's: clients cut at sampled
 # byte offsets of pipelines, logins and result streams, in both pool modes
 # with one and two workers, a canary client beside them; after each cut
 # PostgreSQL must hold nothing the client did not sync and the next client
@@ -18,4 +18,4 @@ export USHER_CUT_CONFIGS=${CONFIGS:-transaction:1,session:2,session:1,transactio
 if [ -n "${SEED:-}" ]; then
   export USHER_CUT_SEED=$SEED
 fi
-exec cargo test --test cuts a_client_cut_at_any_byte -- --nocapture
+exec cargo test --test it cuts::a_client_cut_at_any_byte -- --nocapture

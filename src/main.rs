@@ -92,7 +92,7 @@ fn main() -> ExitCode {
 /// which blocks that size come from its heaps and stay resident: after a
 /// burst of large named Parses had ended, usher kept most of the peak
 /// (twelve 15 MB Parses: 63 to 115 MB more than before the burst; with the
-/// threshold fixed, 0.5 to 16 MB; tests/memory.rs). Setting it fixes it,
+/// threshold fixed, 0.5 to 16 MB; tests/it/memory.rs). Setting it fixes it,
 /// and the trim threshold, at glibc's initial 128 KiB; buffers usher uses
 /// on every transaction (16 KiB) are well under it.
 fn large_blocks_go_back_to_the_system() {

@@ -18,7 +18,7 @@ use tokio_rustls::TlsAcceptor;
 /// stays decrypted inside OpenSSL, and an application on libpq's
 /// asynchronous API (psycopg) then waits on the socket for a message that
 /// already arrived: a hang once the server has sent the end of a result
-/// (tests/tls.rs, tests/common/libpq.rs).
+/// (tests/it/tls.rs, tests/common/libpq.rs).
 pub const MAX_RECORD_PLAINTEXT: usize = 8192;
 
 /// rustls counts the record header in `max_fragment_size`.

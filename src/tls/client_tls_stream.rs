@@ -2,7 +2,7 @@
 //!
 //! rustls' buffered `ServerConnection` keeps a 4 KiB read buffer for life
 //! (its deframer never shrinks below one read), which was most of what an
-//! idle TLS client cost (tests/memory.rs). This stream drives rustls'
+//! idle TLS client cost (tests/it/memory.rs). This stream drives rustls'
 //! unbuffered API instead: the TLS bytes read, the plaintext not yet taken
 //! and the TLS bytes not yet written are its own buffers, each freed as soon
 //! as it is empty. What is left while idle is rustls' connection state

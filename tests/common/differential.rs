@@ -1,5 +1,5 @@
-//! What the differential runs share (tests/settings.rs,
-//! tests/extended_protocol.rs): the run's size, seeds and configurations
+//! What the differential runs share (tests/it/settings.rs,
+//! tests/it/extended_protocol.rs): the run's size, seeds and configurations
 //! from the environment, and the trail a failure prints.
 //!
 //! USHER_DIFF_SEED=<seed> replays one seed; USHER_DIFF_CONFIGS (space

@@ -149,7 +149,7 @@ impl PgCluster {
             .arg(format!("--pwfile={}", pwfile.display()));
         run_ok(initdb, "initdb");
         let conf = format!(
-            "listen_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\nfsync = off\nsynchronous_commit = off\nfull_page_writes = off\nmax_connections = 300\nshared_buffers = 32MB\npassword_encryption = 'scram-sha-256'\nlog_min_messages = warning\n",
+            "listen_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\nfsync = off\nsynchronous_commit = off\nfull_page_writes = off\nmax_connections = 400\nshared_buffers = 32MB\npassword_encryption = 'scram-sha-256'\nlog_min_messages = warning\n",
             dir.display()
         );
         std::fs::OpenOptions::new()
@@ -198,19 +198,46 @@ impl PgCluster {
         cluster
     }
 
-    /// One cluster per test binary, stopped when the binary exits.
+    /// The cluster the tests of a binary share, started on first use and
+    /// stopped when the binary exits. Tests on it keep to objects of their
+    /// own (tables, schemas, databases, roles with names of their own).
     pub fn shared() -> &'static PgCluster {
-        static SHARED: OnceLock<PgCluster> = OnceLock::new();
-        SHARED.get_or_init(|| {
-            extern "C" fn stop_shared() {
-                if let Some(c) = SHARED.get() {
-                    c.stop();
+        PgCluster::own("shared")
+    }
+
+    /// A cluster of its own for the tests of one module (pass
+    /// `module_path!()`), started on first use and stopped when the binary
+    /// exits: for tests that change the whole cluster (its TLS certificate,
+    /// pg_hba.conf, a role's grants) or count every backend of a role,
+    /// which the tests of other modules running beside them would disturb.
+    pub fn own(name: &'static str) -> &'static PgCluster {
+        type Slot = &'static OnceLock<PgCluster>;
+        static SLOTS: std::sync::Mutex<Vec<(&'static str, Slot)>> =
+            std::sync::Mutex::new(Vec::new());
+        static STOP_AT_EXIT: std::sync::Once = std::sync::Once::new();
+        extern "C" fn stop_all() {
+            let slots = SLOTS.lock().unwrap_or_else(|e| e.into_inner());
+            for c in slots.iter().filter_map(|(_, slot)| slot.get()) {
+                c.stop();
+            }
+        }
+        STOP_AT_EXIT.call_once(|| unsafe {
+            libc::atexit(stop_all);
+        });
+        // One slot per name, filled outside the list's lock, so that a
+        // module starting its cluster does not hold up the others.
+        let slot: Slot = {
+            let mut slots = SLOTS.lock().unwrap_or_else(|e| e.into_inner());
+            match slots.iter().find(|(n, _)| *n == name) {
+                Some((_, slot)) => slot,
+                None => {
+                    let slot: Slot = Box::leak(Box::default());
+                    slots.push((name, slot));
+                    slot
                 }
             }
-            let c = PgCluster::start();
-            unsafe { libc::atexit(stop_shared) };
-            c
-        })
+        };
+        slot.get_or_init(PgCluster::start)
     }
 
     fn data(&self) -> PathBuf {

@@ -1,0 +1,162 @@
+//! Server faults: PostgreSQL restarted under load, a backend killed in the
+//! middle of a transaction. The pool heals itself without restarting usher.
+
+use crate::common;
+
+use crate::common::wait::eventually_async;
+use crate::common::{sqlstate, PgCluster, Usher};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pool_heals_after_postgresql_restarts_under_load() {
+    let pg = Arc::new(PgCluster::start());
+    for mode in ["transaction", "session"] {
+        let usher =
+            Arc::new(Usher::start(&pg, &format!("pool_mode: {mode}\npool_size: 4\n")).await);
+        let stop = Arc::new(AtomicBool::new(false));
+        let ok = Arc::new(AtomicU64::new(0));
+        let mut workers = Vec::new();
+        for _ in 0..4 {
+            let (usher, stop, ok) = (usher.clone(), stop.clone(), ok.clone());
+            workers.push(tokio::spawn(async move {
+                let mut errors = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    // Reconnect after each failure, as an application would.
+                    // (Connecting fails while the server is down.)
+                    let Ok(c) = usher.connect_as("alice", common::ALICE_PASSWORD).await else {
+                        // An application's pause between attempts (the
+                        // workload, not a wait for an event).
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    };
+                    loop {
+                        match c.query_one("SELECT 1 FROM pg_sleep(0.01)", &[]).await {
+                            Ok(_) => {
+                                ok.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Err(e) => {
+                                errors.push(e);
+                                break;
+                            }
+                        }
+                        if stop.load(Ordering::Relaxed) {
+                            break;
+                        }
+                    }
+                }
+                errors
+            }));
+        }
+        eventually_async(
+            Duration::from_secs(20),
+            &format!("{mode}: queries run before the restart"),
+            || async { ok.load(Ordering::Relaxed) >= 20 },
+        )
+        .await;
+        let pg2 = pg.clone();
+        tokio::task::spawn_blocking(move || pg2.restart())
+            .await
+            .unwrap();
+        let after_restart = ok.load(Ordering::Relaxed);
+        // Queries succeed again once the server is back, without restarting usher.
+        eventually_async(
+            Duration::from_secs(15),
+            &format!("{mode}: queries succeed after the restart"),
+            || async { ok.load(Ordering::Relaxed) >= after_restart + 50 },
+        )
+        .await;
+        stop.store(true, Ordering::Relaxed);
+        let mut errors = Vec::new();
+        for w in workers {
+            errors.extend(w.await.unwrap());
+        }
+        assert!(
+            !errors.is_empty(),
+            "{mode}: the restart interrupted running clients"
+        );
+        for e in &errors {
+            // Clients got a clear error from the server or usher, or lost the connection.
+            if let Some(code) = sqlstate(e) {
+                assert!(
+                    ["57P01", "08006", "57P03"].contains(&code.as_str()),
+                    "{mode}: unexpected {e:?}"
+                );
+            } else {
+                assert!(
+                    e.is_closed() || e.to_string().contains("connection"),
+                    "{mode}: unexpected {e:?}"
+                );
+            }
+        }
+        // A new client and the pool are fine.
+        let c = usher.alice().await;
+        assert_eq!(
+            c.query_one("SELECT 1", &[]).await.unwrap().get::<_, i32>(0),
+            1
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_killed_mid_transaction_fails_only_its_client() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(pg, "pool_mode: transaction\npool_size: 2\n").await;
+    let (mut victim, driver) = tokio_postgres::connect(
+        &usher.conn_str("alice", common::ALICE_PASSWORD),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .unwrap();
+    let driver = tokio::spawn(driver);
+    let bystander = usher.alice().await;
+    let tx = victim.transaction().await.unwrap();
+    let pid: i32 = tx
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        pg.psql_super(&format!("SELECT pg_terminate_backend({pid})")),
+        "t"
+    );
+    let query_error = tx
+        .query_one("SELECT 1", &[])
+        .await
+        .expect_err("the victim's query fails");
+    drop(tx);
+    // The victim is told why: PostgreSQL's FATAL reaches it through usher,
+    // as the failed query's error or as its connection's (depending on
+    // whether it arrived before or while the query was sent).
+    let driver_error = driver.await.unwrap().err();
+    let codes: Vec<Option<String>> = [Some(&query_error), driver_error.as_ref()]
+        .into_iter()
+        .flatten()
+        .map(sqlstate)
+        .collect();
+    assert!(
+        codes
+            .iter()
+            .any(|c| matches!(c.as_deref(), Some("57P01") | Some("08006"))),
+        "{query_error:?} / {driver_error:?}"
+    );
+    // Other clients never notice, and the dead connection left the pool.
+    for _ in 0..5 {
+        let p: i32 = bystander
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_ne!(p, pid);
+    }
+    let again = usher.alice().await;
+    assert_eq!(
+        again
+            .query_one("SELECT 9", &[])
+            .await
+            .unwrap()
+            .get::<_, i32>(0),
+        9
+    );
+}

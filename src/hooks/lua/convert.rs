@@ -7,6 +7,15 @@ use crate::hooks::{ClientInfo, Rejection, ServerInfo, VarValue, Vars};
 use crate::protocol::error::sqlstate;
 use mlua::{Lua, LuaString, Table, Value};
 
+/// The prelude's record of a call, as the call left it (read in the same
+/// protected call as the call itself).
+pub(super) struct Decided {
+    /// state[2]: the last items, None when nothing was decided.
+    pub last: Option<LuaString>,
+    /// state[3] holds earlier items.
+    pub chunks: bool,
+}
+
 /// What a hook call decided.
 pub(super) struct Collected {
     /// The vars after the call; `None` if the hook never looked at them.
@@ -220,7 +229,7 @@ const SCALAR_BYTES: usize = 8;
 /// Reads the decisions of the call that just ran, recorded by the
 /// prelude's ctx methods (see prelude.lua's `state`). The vars, if read
 /// back, must fit in `max_vars` bytes.
-pub(super) fn collect(vm: &Vm, max_vars: usize) -> mlua::Result<Collected> {
+pub(super) fn collect(vm: &Vm, decided: Decided, max_vars: usize) -> mlua::Result<Collected> {
     let mut out = Collected {
         vars: None,
         params: Vec::new(),
@@ -228,13 +237,15 @@ pub(super) fn collect(vm: &Vm, max_vars: usize) -> mlua::Result<Collected> {
         notices: Vec::new(),
         reject: None,
     };
-    let Value::String(last) = vm.state.raw_get::<Value>(2)? else {
+    let Some(last) = decided.last else {
         return Ok(out);
     };
     let mut records = Vec::new();
-    if let Some(chunks) = vm.state.raw_get::<Option<Table>>(3)? {
-        for i in 1..=chunks.raw_len() {
-            records.push(chunks.raw_get::<LuaString>(i)?);
+    if decided.chunks {
+        if let Some(chunks) = vm.state.raw_get::<Option<Table>>(3)? {
+            for i in 1..=chunks.raw_len() {
+                records.push(chunks.raw_get::<LuaString>(i)?);
+            }
         }
     }
     records.push(last);

@@ -277,7 +277,7 @@ impl LuaEngine {
         client: Option<(String, Option<String>)>,
         reason: Option<super::SessionReason>,
         fields: impl FnOnce(&mlua::Lua) -> mlua::Result<Option<mlua::Table>> + Send + 'static,
-        collect: impl FnOnce(&Vm) -> mlua::Result<T> + Send + 'static,
+        collect: impl FnOnce(&Vm, convert::Decided) -> mlua::Result<T> + Send + 'static,
     ) -> Result<T, HookError> {
         let deadline = Instant::now() + self.settings.timeout;
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -320,18 +320,15 @@ impl LuaEngine {
         client: Option<(String, Option<String>)>,
         reason: Option<super::SessionReason>,
         fields: impl FnOnce(&mlua::Lua) -> mlua::Result<Option<mlua::Table>>,
-        collect: impl FnOnce(&Vm) -> mlua::Result<T>,
+        collect: impl FnOnce(&Vm, convert::Decided) -> mlua::Result<T>,
     ) -> (Result<T, HookError>, Option<Vm>) {
-        let mut vm = match self.checkout(deadline) {
+        let vm = match self.checkout(deadline) {
             Ok(vm) => vm,
             Err(e) => return (Err(e), None),
         };
         let failed = |e: mlua::Error| HookError::Failed(e.to_string());
         let (blob, varblob) = match client {
-            Some((blob, varblob)) => match vm.blob(blob) {
-                Ok(b) => (Some(b), varblob),
-                Err(e) => return (Err(failed(e)), self.checkin(vm)),
-            },
+            Some((blob, varblob)) => (Some(blob), varblob),
             None => (None, None),
         };
         let fields = match fields(&vm.lua) {
@@ -340,18 +337,32 @@ impl LuaEngine {
         };
         vm.budget.start(deadline);
         // A plain call: usher.query and the like block this hook thread
-        // on the runtime (vm::await_within_budget), never a worker.
+        // on the runtime (vm::await_within_budget), never a worker. The
+        // client's blob is pushed, the handler called and the record read
+        // back in one protected call: each mlua call that may allocate is
+        // a protected call of its own while a memory limit is set.
         let outcome = {
             let _runtime = vm::CallRuntime::enter(runtime);
             let _watched = watchdog::Watched::start(vm.main, &vm.budget, self.settings.timeout);
-            vm.run.call::<mlua::Value>((
-                &vm.files[index],
-                &vm.names.events[event as usize],
-                blob,
-                varblob,
-                reason.map(|r| vm.names.reason(r)),
-                fields,
-            ))
+            let blob = blob.as_deref().map(str::as_bytes);
+            // SAFETY: the closure keeps to the stack it is given (the
+            // arguments below, then what it leaves: three values), and
+            // holds nothing to drop when a Lua error unwinds through it.
+            unsafe {
+                vm.lua.exec_raw::<(bool, mlua::Value, bool)>(
+                    (
+                        &vm.no_handler,
+                        &vm.state,
+                        &vm.run,
+                        &vm.files[index],
+                        &vm.names.events[event as usize],
+                        reason.map(|r| vm.names.reason(r)),
+                        fields,
+                        varblob.as_deref(),
+                    ),
+                    |state| call_and_read_back(state, blob),
+                )
+            }
         };
         vm.budget.stop();
         let exceeded = vm.budget.was_exceeded();
@@ -359,15 +370,52 @@ impl LuaEngine {
             Err(_) if exceeded => (Err(HookError::Timeout), Some(vm)),
             Err(e) if is_memory_error(&e) => (Err(HookError::Memory), Some(vm)),
             Err(e) => (Err(HookError::Failed(first_line(&e))), self.checkin(vm)),
-            Ok(mlua::Value::Table(t)) if t == vm.no_handler => (
+            Ok((true, _, _)) => (
                 Err(HookError::Failed(format!("no {} handler", event.name()))),
                 self.checkin(vm),
             ),
-            Ok(_) => {
-                let result = collect(&vm).map_err(|e| HookError::Failed(e.to_string()));
+            Ok((false, last, chunks)) => {
+                let last = match last {
+                    mlua::Value::String(s) => Some(s),
+                    _ => None,
+                };
+                let decided = convert::Decided { last, chunks };
+                let result = collect(&vm, decided).map_err(|e| HookError::Failed(e.to_string()));
                 (result, self.checkin(vm))
             }
         }
+    }
+}
+
+/// On the stack: no_handler, the prelude's state, run, and run's arguments
+/// but the client's blob, which is pushed here. Calls run and leaves: run
+/// found no handler, state[2], state[3] is set.
+///
+/// # Safety
+/// Called by `exec_raw` (in protected mode) with that stack.
+unsafe fn call_and_read_back(state: *mut mlua::ffi::lua_State, blob: Option<&[u8]>) {
+    use mlua::ffi;
+    // SAFETY: see the function's contract; Lua errors unwind to exec_raw's
+    // protected call, and nothing here needs dropping.
+    unsafe {
+        match blob {
+            Some(b) => {
+                ffi::lua_pushlstring(state, b.as_ptr().cast(), b.len());
+            }
+            None => ffi::lua_pushnil(state),
+        }
+        ffi::lua_call(state, 6, 1); // no_handler, state, result
+        let no_handler = ffi::lua_rawequal(state, -1, -3);
+        ffi::lua_pop(state, 1); // no_handler, state
+        ffi::lua_pushboolean(state, no_handler);
+        ffi::lua_rawgeti(state, -2, 2);
+        ffi::lua_rawgeti(state, -3, 3);
+        let chunks = ffi::lua_type(state, -1) != ffi::LUA_TNIL;
+        ffi::lua_pop(state, 1);
+        ffi::lua_pushboolean(state, chunks as std::os::raw::c_int);
+        // no_handler, state, found, state[2], chunks
+        ffi::lua_remove(state, -5);
+        ffi::lua_remove(state, -4);
     }
 }
 
@@ -427,7 +475,7 @@ impl Hook for LuaFileHook {
                 None,
                 None,
                 move |lua| convert::auth_attempt_fields(lua, &attempt),
-                |_| Ok(()),
+                |_, _| Ok(()),
             )
             .await
     }
@@ -442,7 +490,7 @@ impl Hook for LuaFileHook {
                 blobs(ctx.client, ctx.vars),
                 None,
                 |_| Ok(None),
-                move |vm| convert::collect(vm, max_vars),
+                move |vm, decided| convert::collect(vm, decided, max_vars),
             )
             .await?;
         if let Some(vars) = out.vars {
@@ -468,7 +516,7 @@ impl Hook for LuaFileHook {
                 blobs(ctx.client, ctx.vars),
                 Some(ctx.reason),
                 move |lua| convert::session_fields(lua, server.as_ref()),
-                move |vm| convert::collect(vm, max_vars),
+                move |vm, decided| convert::collect(vm, decided, max_vars),
             )
             .await?;
         if let Some(vars) = out.vars {
@@ -493,7 +541,7 @@ impl Hook for LuaFileHook {
                     t.raw_set("duration_ms", duration.as_millis() as i64)?;
                     Ok(Some(t))
                 },
-                |_| Ok(()),
+                |_, _| Ok(()),
             )
             .await
     }
@@ -532,7 +580,14 @@ mod tests {
 
     async fn run(engine: &Arc<LuaEngine>) -> Result<(), HookError> {
         engine
-            .call(0, Event::AuthAttempt, None, None, |_| Ok(None), |_| Ok(()))
+            .call(
+                0,
+                Event::AuthAttempt,
+                None,
+                None,
+                |_| Ok(None),
+                |_, _| Ok(()),
+            )
             .await
     }
 
@@ -636,7 +691,7 @@ end
                     assert_eq!(std::thread::current().name(), Some("usher-hook"));
                     Ok(None)
                 },
-                |_| Ok(std::thread::current().name().map(str::to_string)),
+                |_, _| Ok(std::thread::current().name().map(str::to_string)),
             )
             .await;
         assert_eq!(thread, Ok(Some("usher-hook".to_string())));

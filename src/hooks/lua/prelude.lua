@@ -160,12 +160,13 @@ end
 local no_handler = {}
 
 --- Calls the handler of `event` in the file environment `env` with a
---- fresh ctx: `blob` and `varblob` hold the client's fields and vars (nil
---- for an event without a client, and for no vars), `reason` is
---- session_start's, `fields` a table of further fields (or nil). A tail
+--- fresh ctx: `reason` is session_start's, `fields` a table of further
+--- fields (or nil), `varblob` and `blob` hold the client's vars and fields
+--- (nil for no vars, and for an event without a client; the blob last, as
+--- the engine pushes it itself). A tail
 --- call: the handler's stack levels are those of a direct call from the
 --- engine.
-local function run(env, event, blob, varblob, reason, fields)
+local function run(env, event, reason, fields, varblob, blob)
   local handler = rawget(env, event)
   if type(handler) ~= "function" then return no_handler end
   local ctx = setmetatable({ event = event, reason = reason, _blob = blob, _vars = varblob }, Ctx)

@@ -213,9 +213,6 @@ pub(super) struct Vm {
     pub encode_vars: Function,
     /// What `run` returns when the file has no handler for the event.
     pub no_handler: Table,
-    /// The last client blob passed in, and its Lua string: a client's
-    /// events usually run one after another on the same VM.
-    last_blob: Option<(String, LuaString)>,
     /// The time budget of the call running (also the VM's app data, for
     /// awaited calls).
     pub budget: Arc<Budget>,
@@ -341,23 +338,10 @@ impl Vm {
             state,
             encode_vars,
             no_handler,
-            last_blob: None,
             names,
             budget,
             main,
         })
-    }
-
-    /// `blob` as a Lua string, the one made last time if it is the same.
-    pub fn blob(&mut self, blob: String) -> mlua::Result<LuaString> {
-        if let Some((text, s)) = &self.last_blob {
-            if *text == blob {
-                return Ok(s.clone());
-            }
-        }
-        let s = self.lua.create_string(&blob)?;
-        self.last_blob = Some((blob, s.clone()));
-        Ok(s)
     }
 
     /// The handler of `event` in file `index`, if the file defines one: its

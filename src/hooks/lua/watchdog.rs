@@ -16,7 +16,9 @@
 //! start and cleared (then the hook removed) at its end: the watchdog
 //! itself never touches a Lua state, so a VM is only ever changed by the
 //! thread running it. A signal that comes late arms the next call on that
-//! thread, which is harmless (the hook checks that call's deadline).
+//! thread, which is harmless (the hook checks that call's deadline). A
+//! call still running is signalled again after 2, 4, 8... ticks (a thread
+//! set aside in a long C call is not signalled every tick for its life).
 //!
 //! Coroutines a hook creates always carry the count hook (set when they
 //! are created, [`watch_thread`]): the signal arms the main thread only,
@@ -141,7 +143,7 @@ mod imp {
     use super::RUNNING;
     use parking_lot::{Condvar, Mutex};
     use std::cell::Cell;
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
     use std::sync::{Arc, OnceLock};
     use std::time::Duration;
 
@@ -158,6 +160,8 @@ mod imp {
         tick_us: AtomicU64,
         /// What the watchdog saw at its last tick.
         seen: AtomicU64,
+        /// Ticks the watchdog has seen the same call for.
+        ticks_in_call: AtomicU32,
     }
 
     struct Watchdog {
@@ -245,6 +249,7 @@ mod imp {
             call: AtomicU64::new(0),
             tick_us: AtomicU64::new(0),
             seen: AtomicU64::new(0),
+            ticks_in_call: AtomicU32::new(0),
         });
         w.slots.lock().push(slot.clone());
         Some(Holder {
@@ -313,9 +318,17 @@ mod imp {
                         active = true;
                         let t = slot.tick_us.load(Ordering::Relaxed);
                         wanted = Some(wanted.map_or(t, |w| w.min(t)));
-                        if now == before {
-                            // The same call as a tick ago: arm its hook
-                            // (again each tick, should a signal be lost).
+                        let ticks = if now == before {
+                            slot.ticks_in_call.load(Ordering::Relaxed) + 1
+                        } else {
+                            0
+                        };
+                        slot.ticks_in_call.store(ticks, Ordering::Relaxed);
+                        // The same call as a tick ago: arm its hook. Again
+                        // after 2, 4, 8... ticks, should a signal be lost,
+                        // but rarely for a thread set aside in a long C
+                        // call.
+                        if ticks > 0 && ticks.is_power_of_two() {
                             // SAFETY: a thread of this process, alive
                             // while its slot is listed (we hold the list).
                             unsafe { libc::tgkill(libc::getpid(), slot.tid, self.signal) };

@@ -381,7 +381,12 @@ impl Session {
         };
         if let LoopEnd::Idle = end {
             fwd.give_back_buffers();
-            self.flow = (!fwd.flow.at_rest()).then(|| Box::new(fwd.flow));
+            self.flow = if fwd.flow.at_rest() {
+                fwd.flow.give_back();
+                None
+            } else {
+                Some(Box::new(fwd.flow))
+            };
             self.in_walker = fwd.in_walker;
             return Phase::Parked;
         }
@@ -395,7 +400,7 @@ impl Session {
     fn forwarding(&mut self) -> Forwarding {
         let flow = match self.flow.take() {
             Some(flow) => *flow,
-            None => Flow::new(self.mode, self.rewriting, self.pinning),
+            None => Flow::take(self.mode, self.rewriting, self.pinning),
         };
         let mut fwd = Forwarding {
             held: None,

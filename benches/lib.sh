@@ -90,16 +90,32 @@ scram_verifier() {
   psql -X -At -h "$work" -p "$PGPORT" -U postgres -c "SELECT rolpassword FROM pg_authid WHERE rolname = '$1'"
 }
 
-# start_pgbouncer PORT: Debian's PgBouncer (installed when missing) in
+# pgbouncer_bin: the PgBouncer the benches measure against: PGB_BIN if
+# set, else PgBouncer 1.24 as ../shared/tools/pgbouncer.sh builds it
+# (under PGB_HOME, /var/tmp/pgbouncer-1.24 by default) when present, else
+# Debian's package (1.18 on Debian 12; installed when missing).
+pgbouncer_bin() {
+  local built=${PGB_HOME:-/var/tmp/pgbouncer-1.24}/inst/bin/pgbouncer
+  if [ -n "${PGB_BIN:-}" ]; then
+    echo "$PGB_BIN"
+  elif [ -x "$built" ]; then
+    echo "$built"
+  else
+    if ! command -v pgbouncer >/dev/null 2>&1 && [ ! -x /usr/sbin/pgbouncer ]; then
+      echo "installing pgbouncer..." >&2
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -q pgbouncer >/dev/null
+    fi
+    command -v pgbouncer || echo /usr/sbin/pgbouncer
+  fi
+}
+
+# start_pgbouncer PORT: PgBouncer (pgbouncer_bin, its version printed) in
 # transaction mode in front of the cluster, pool_size POOL_SIZE, checking
 # the bench role's SCRAM verifier; sets PGB_PID.
 start_pgbouncer() {
-  if ! command -v pgbouncer >/dev/null 2>&1 && [ ! -x /usr/sbin/pgbouncer ]; then
-    echo "installing pgbouncer..." >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q pgbouncer >/dev/null
-  fi
   local bin
-  bin=$(command -v pgbouncer || echo /usr/sbin/pgbouncer)
+  bin=$(pgbouncer_bin)
+  echo "PgBouncer: $bin ($("$bin" --version 2>/dev/null | head -1))" >&2
   mkdir -p "$work/pgbouncer"
   printf '"bench" "%s"\n' "$(scram_verifier bench)" >"$work/pgbouncer/users.txt"
   cat >"$work/pgbouncer/pgbouncer.ini" <<INI

@@ -36,7 +36,7 @@ start_usher_and_pgbouncer
 
 echo
 echo "pgbench -S, scale 10, ${DURATION}s x $ROUNDS interleaved rounds per point, medians; pool_size $POOL_SIZE, transaction mode; poolers to PostgreSQL: $([ "$SERVER_HOST" = 127.0.0.1 ] && echo TCP || echo "Unix-domain socket")"
-echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr), PostgreSQL $("$BIN/postgres" --version | awk '{print $3}'), $(pgbouncer --version 2>/dev/null | head -1 || /usr/sbin/pgbouncer --version | head -1)"
+echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr), PostgreSQL $("$BIN/postgres" --version | awk '{print $3}'), $("$(pgbouncer_bin)" --version 2>/dev/null | head -1)"
 echo
 printf '| %-8s | %7s | %8s | %9s | %9s | %5s | %5s | %8s | %8s | %5s |\n' \
   mode clients direct "usher" "pgbouncer" "u/d" "u/p" "usher µs" "pgb µs" "u/p"

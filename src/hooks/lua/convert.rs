@@ -64,9 +64,19 @@ fn uint(digits: &mut [u8; 20], mut n: u64) -> &[u8] {
 
 /// The client's fields as the one string a ctx unpacks on first use (see
 /// prelude.lua's unpack_client).
-pub(super) fn client_blob(c: &ClientInfo) -> String {
+pub(super) fn client_blob(c: &ClientInfo) -> Vec<u8> {
     let startup = c.startup.packed();
-    let mut blob = Vec::with_capacity(128 + startup.len());
+    let tls = c.tls.as_ref();
+    // The variable texts, and 160 bytes for the rest: 11 lengths with
+    // their colons (5 bytes each), the id (10), the address (39), the port
+    // (5), the method (16) and the pool mode (11).
+    let texts = c.user.len()
+        + c.database.len()
+        + c.application_name.len()
+        + tls.map_or(0, |t| {
+            t.version.len() + t.cipher.len() + t.client_cert_subject.as_ref().map_or(0, String::len)
+        });
+    let mut blob = Vec::with_capacity(160 + texts + startup.len());
     uint_item(&mut blob, c.id.into());
     item(&mut blob, c.user.as_bytes());
     item(&mut blob, c.database.as_bytes());
@@ -93,7 +103,6 @@ pub(super) fn client_blob(c: &ClientInfo) -> String {
             PoolMode::Transaction => b"transaction",
         },
     );
-    let tls = c.tls.as_ref();
     item(&mut blob, tls.map_or("", |t| t.version.as_str()).as_bytes());
     item(&mut blob, tls.map_or("", |t| t.cipher.as_str()).as_bytes());
     item(
@@ -103,8 +112,8 @@ pub(super) fn client_blob(c: &ClientInfo) -> String {
             .as_bytes(),
     );
     blob.extend_from_slice(startup.as_bytes());
-    // Only whole strings and ASCII went in.
-    String::from_utf8(blob).unwrap_or_default()
+    // Bytes: Lua strings are, and the prelude splits them by length.
+    blob
 }
 
 /// The client's vars as type/key/value items (see prelude.lua's

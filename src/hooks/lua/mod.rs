@@ -274,7 +274,7 @@ impl LuaEngine {
         self: &Arc<Self>,
         index: usize,
         event: Event,
-        client: Option<(String, Option<String>)>,
+        client: Option<(Vec<u8>, Option<String>)>,
         reason: Option<super::SessionReason>,
         fields: impl FnOnce(&mlua::Lua) -> mlua::Result<Option<mlua::Table>> + Send + 'static,
         collect: impl FnOnce(&Vm, convert::Decided) -> mlua::Result<T> + Send + 'static,
@@ -317,7 +317,7 @@ impl LuaEngine {
         deadline: Instant,
         index: usize,
         event: Event,
-        client: Option<(String, Option<String>)>,
+        client: Option<(Vec<u8>, Option<String>)>,
         reason: Option<super::SessionReason>,
         fields: impl FnOnce(&mlua::Lua) -> mlua::Result<Option<mlua::Table>>,
         collect: impl FnOnce(&Vm, convert::Decided) -> mlua::Result<T>,
@@ -344,7 +344,7 @@ impl LuaEngine {
         let outcome = {
             let _runtime = vm::CallRuntime::enter(runtime);
             let _watched = watchdog::Watched::start(vm.main, &vm.budget, self.settings.timeout);
-            let blob = blob.as_deref().map(str::as_bytes);
+            let blob = blob.as_deref();
             // SAFETY: the closure keeps to the stack it is given (the
             // arguments below, then what it leaves: three values), and
             // holds nothing to drop when a Lua error unwinds through it.
@@ -446,7 +446,7 @@ fn first_line(e: &mlua::Error) -> String {
 }
 
 /// The client's fields and vars as the prelude's blobs.
-fn blobs(client: &super::ClientInfo, vars: &super::Vars) -> Option<(String, Option<String>)> {
+fn blobs(client: &super::ClientInfo, vars: &super::Vars) -> Option<(Vec<u8>, Option<String>)> {
     Some((convert::client_blob(client), convert::vars_blob(vars)))
 }
 

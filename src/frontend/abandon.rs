@@ -43,7 +43,7 @@ pub(super) struct Abandoned {
     pub out_walker: FrameWalker,
     /// The session's flow: what the server still owes, COPY IN, the
     /// transaction status, the prepared-statement answers owed.
-    pub flow: Flow,
+    pub flow: Box<Flow>,
     /// Only whole client messages went to the server.
     pub whole_messages: bool,
     /// The session ended abruptly (KILL): its state is not trusted.

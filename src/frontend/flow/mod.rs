@@ -302,43 +302,72 @@ struct Tracked {
 const SPARE_PER_THREAD: usize = 32;
 
 thread_local! {
-    static SPARE: std::cell::RefCell<Vec<Flow>> = const { std::cell::RefCell::new(Vec::new()) };
+    // Boxed: a flow is handed out and given back as a pointer, never moved.
+    #[allow(clippy::vec_box)]
+    static SPARE: std::cell::RefCell<Vec<Box<Flow>>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 impl Flow {
-    /// A new flow ([`Flow::new`]), with the emptied queues of one given
-    /// back on this thread if there is one.
-    pub fn take(mode: PoolMode, rewriting: bool, pinning: Pinning) -> Self {
-        let fresh = Flow::new(mode, rewriting, pinning);
-        let Some(mut old) = SPARE.with(|spare| spare.borrow_mut().pop()) else {
-            return fresh;
-        };
-        old.plan.reset();
-        old.pinning_statements.clear();
-        old.refusals.clear();
-        old.tracked.clear();
-        old.failed_prepares.clear();
-        old.closing.clear();
-        Flow {
-            plan: old.plan,
-            pinning_statements: old.pinning_statements,
-            refusals: old.refusals,
-            tracked: old.tracked,
-            failed_prepares: old.failed_prepares,
-            closing: old.closing,
-            ..fresh
+    /// A new flow ([`Flow::new`]): one given back on this thread, reset in
+    /// its box (its queues emptied, keeping what they allocated), if there
+    /// is one. Boxed, so that it moves as a pointer (it is 600 bytes).
+    pub fn take(mode: PoolMode, rewriting: bool, pinning: Pinning) -> Box<Self> {
+        match SPARE.with(|spare| spare.borrow_mut().pop()) {
+            Some(mut flow) => {
+                flow.reset(mode, rewriting, pinning);
+                flow
+            }
+            None => Box::new(Flow::new(mode, rewriting, pinning)),
         }
     }
 
     /// Keeps a flow that is no longer needed for [`Flow::take`] on this
     /// thread (up to [`SPARE_PER_THREAD`]).
-    pub fn give_back(self) {
+    pub fn give_back(self: Box<Self>) {
         SPARE.with(|spare| {
             let mut spare = spare.borrow_mut();
             if spare.len() < SPARE_PER_THREAD {
                 spare.push(self);
             }
         });
+    }
+
+    /// Makes this flow as [`Flow::new`] would, keeping its queues'
+    /// allocations: the queues are emptied, every other field takes its
+    /// new value.
+    fn reset(&mut self, mode: PoolMode, rewriting: bool, pinning: Pinning) {
+        let Flow {
+            plan,
+            pinning_statements,
+            refusals,
+            tracked,
+            failed_prepares,
+            closing,
+            ..
+        } = self;
+        plan.reset();
+        pinning_statements.clear();
+        refusals.clear();
+        tracked.clear();
+        failed_prepares.clear();
+        closing.clear();
+        let queues = (
+            std::mem::take(plan),
+            std::mem::take(pinning_statements),
+            std::mem::take(refusals),
+            std::mem::take(tracked),
+            std::mem::take(failed_prepares),
+            std::mem::take(closing),
+        );
+        *self = Flow::new(mode, rewriting, pinning);
+        (
+            self.plan,
+            self.pinning_statements,
+            self.refusals,
+            self.tracked,
+            self.failed_prepares,
+            self.closing,
+        ) = queues;
     }
 
     pub fn new(mode: PoolMode, rewriting: bool, pinning: Pinning) -> Self {

@@ -144,7 +144,7 @@ struct Forwarding {
     lent_at: Instant,
     /// The server connection failed or was closed by the server.
     server_gone: bool,
-    flow: Flow,
+    flow: Box<Flow>,
     in_buf: BytesMut,
     out_buf: BytesMut,
     /// Client bytes forwarded but not yet written to the server. The serve
@@ -385,7 +385,7 @@ impl Session {
                 fwd.flow.give_back();
                 None
             } else {
-                Some(Box::new(fwd.flow))
+                Some(fwd.flow)
             };
             self.in_walker = fwd.in_walker;
             return Phase::Parked;
@@ -399,7 +399,7 @@ impl Session {
     /// login took).
     fn forwarding(&mut self) -> Forwarding {
         let flow = match self.flow.take() {
-            Some(flow) => *flow,
+            Some(flow) => flow,
             None => Flow::take(self.mode, self.rewriting, self.pinning),
         };
         let mut fwd = Forwarding {
@@ -467,7 +467,7 @@ impl Session {
                         out_walker: std::mem::replace(&mut fwd.out_walker, FrameWalker::new(0)),
                         flow: std::mem::replace(
                             &mut fwd.flow,
-                            Flow::new(mode, false, Pinning::Off),
+                            Box::new(Flow::new(mode, false, Pinning::Off)),
                         ),
                         whole_messages: fwd.in_walker.at_boundary() && fwd.to_server.is_empty(),
                         interrupted,

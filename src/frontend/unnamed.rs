@@ -190,6 +190,7 @@ impl UnnamedTrack {
         self.befores.clear();
         self.applying.clear();
         self.undone = None;
+        self.numbered = 0;
         self.fresh = false;
     }
 

@@ -334,40 +334,78 @@ impl Flow {
 
     /// Makes this flow as [`Flow::new`] would, keeping its queues'
     /// allocations: the queues are emptied, every other field takes its
-    /// new value.
+    /// value from a new flow. Field by field, so that nothing is moved
+    /// or dropped whole; the pattern names every field, so a field added
+    /// to `Flow` does not compile until it is reset here too.
     fn reset(&mut self, mode: PoolMode, rewriting: bool, pinning: Pinning) {
         let Flow {
-            plan,
-            pinning_statements,
-            refusals,
-            tracked,
-            failed_prepares,
-            closing,
-            ..
-        } = self;
-        plan.reset();
-        pinning_statements.clear();
-        refusals.clear();
-        tracked.clear();
-        failed_prepares.clear();
-        closing.clear();
-        let queues = (
-            std::mem::take(plan),
-            std::mem::take(pinning_statements),
-            std::mem::take(refusals),
-            std::mem::take(tracked),
-            std::mem::take(failed_prepares),
-            std::mem::take(closing),
-        );
-        *self = Flow::new(mode, rewriting, pinning);
-        (
-            self.plan,
-            self.pinning_statements,
-            self.refusals,
-            self.tracked,
-            self.failed_prepares,
-            self.closing,
-        ) = queues;
+            mode,
+            rewriting,
+            pending,
+            unsynced,
+            status,
+            copy_in,
+            discarded,
+            server_fatal,
+            queries,
+            effects,
+            resets_from,
+            pinning,
+            pinned,
+            pins_seen,
+            unpins_seen,
+            slot,
+            refuse_next,
+            syncs_sent,
+            ready_seen,
+            copy,
+            shape,
+            last_shape,
+            answered,
+            schema_changed,
+            ddl_open,
+            copy_end,
+            last_query,
+            plan: _,
+            pinning_statements: _,
+            refusals: _,
+            tracked: _,
+            failed_prepares: _,
+            closing: _,
+        } = Flow::new(mode, rewriting, pinning);
+        self.mode = mode;
+        self.rewriting = rewriting;
+        self.pending = pending;
+        self.unsynced = unsynced;
+        self.status = status;
+        self.copy_in = copy_in;
+        self.discarded = discarded;
+        self.server_fatal = server_fatal;
+        self.queries = queries;
+        self.effects = effects;
+        self.resets_from = resets_from;
+        self.pinning = pinning;
+        self.pinned = pinned;
+        self.pins_seen = pins_seen;
+        self.unpins_seen = unpins_seen;
+        self.slot = slot;
+        self.refuse_next = refuse_next;
+        self.syncs_sent = syncs_sent;
+        self.ready_seen = ready_seen;
+        self.copy = copy;
+        self.shape = shape;
+        self.last_shape = last_shape;
+        self.answered = answered;
+        self.schema_changed = schema_changed;
+        self.ddl_open = ddl_open;
+        self.copy_end = copy_end;
+        self.last_query = last_query;
+        self.plan.reset();
+        self.pinning_statements.clear();
+        self.refusals.clear();
+        self.tracked.clear();
+        self.failed_prepares.clear();
+        self.closing.clear();
     }
 
     pub fn new(mode: PoolMode, rewriting: bool, pinning: Pinning) -> Self {

@@ -197,3 +197,22 @@ fn error(code: &str) -> Vec<u8> {
 mod answers;
 mod carried_statements;
 mod pin_steps;
+
+/// A flow given back and taken again is as a new one, with the new
+/// client's settings, whatever transactions it went through.
+#[test]
+fn a_flow_taken_again_is_as_new() {
+    let mut h = Harness::new(PoolMode::Transaction, true);
+    for sql in ["select 1", "begin; select 2; commit", "select 3"] {
+        transaction(&mut h, sql);
+    }
+    let used = format!("{:?}", h.flow);
+    let new = format!("{:?}", Flow::new(PoolMode::Session, false, Pinning::Off));
+    assert_ne!(
+        used, new,
+        "the transactions left the flow as new: the test shows nothing"
+    );
+    Box::new(h.flow).give_back();
+    let taken = Flow::take(PoolMode::Session, false, Pinning::Off);
+    assert_eq!(format!("{taken:?}"), new);
+}

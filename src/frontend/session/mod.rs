@@ -404,7 +404,9 @@ impl Session {
         };
         let mut fwd = Forwarding {
             held: None,
-            lent_at: Instant::now(),
+            // Set when a server connection is lent (below, or at checkout):
+            // no clock read for a phase that may not take one.
+            lent_at: self.started,
             server_gone: false,
             flow,
             in_buf: BytesMut::new(),
@@ -423,6 +425,7 @@ impl Session {
                 .handle
                 .set_server(Some(checkout.conn.summary().clone()));
             fwd.held = Some(*checkout);
+            fwd.lent_at = Instant::now();
             self.pool.stats.client_active(1);
             spare_buffers::reserve(&mut fwd.out_buf);
         }

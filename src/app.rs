@@ -4,6 +4,7 @@
 use crate::accept::AcceptBackoff;
 use crate::admin::{Pooler, ReloadError, ReloadReport};
 use crate::auth::AuthAttempt;
+use crate::config::console_set::{self, SetError};
 use crate::config::{reload_guard, settings, Config, ConfigError, OnError};
 use crate::frontend::deps::{ConfigSnapshot, SessionDeps, ShutdownMode};
 use crate::hooks::builtin::Builtins;
@@ -132,16 +133,72 @@ impl App {
         let path = std::path::PathBuf::from(&old.config.source);
         let mut config = Config::load(&path).map_err(ReloadError::Config)?;
         let restart_needed = hold_restart_only_keys(&old.config, &mut config);
+        let hook_files = self.apply(&old, config, true)?;
+        for key in &restart_needed {
+            tracing::warn!(
+                key,
+                "changed in the configuration file, but needs a restart to take effect"
+            );
+        }
+        tracing::info!(hook_files, "configuration reloaded");
+        Ok(ReloadReport {
+            hook_files,
+            restart_needed,
+        })
+    }
+
+    /// SET key = value from the console: the running configuration with
+    /// one value changed, applied as a reload applies a file (the hook
+    /// files are loaded again only if a `hooks` key their engine reads
+    /// changed). It lasts until the next reload reads the file.
+    pub fn set(&self, key: &str, value: &str) -> Result<(), SetError> {
+        let old = self.deps.snapshot();
+        let mut config = (*old.config).clone();
+        console_set::set(&mut config, key, value)?;
+        let load_hooks = LuaSettings::from_config(&config) != LuaSettings::from_config(&old.config);
+        self.apply(&old, config, load_hooks)
+            .map_err(|e| SetError::Invalid {
+                key: key.to_string(),
+                message: e.to_string(),
+            })?;
+        // A password is not logged.
+        let shown = if key.to_ascii_lowercase().ends_with("password") {
+            "(hidden)"
+        } else {
+            value
+        };
+        tracing::info!(key, value = shown, "SET from the admin console");
+        Ok(())
+    }
+
+    /// Builds what `config` needs and swaps it in for `old`: the reload's
+    /// work, for RELOAD and SET. Everything is built first; only if all of
+    /// it is valid does it replace the running set (pools take their new
+    /// sizes and timeouts, users, HBA, TLS, blocking rules and hooks change
+    /// at once). `load_hooks`: compile the hook files again (else the
+    /// running ones stay). Returns how many hook files are loaded.
+    fn apply(
+        &self,
+        old: &ConfigSnapshot,
+        config: Config,
+        load_hooks: bool,
+    ) -> Result<usize, ReloadError> {
         let snapshot = Arc::new(ConfigSnapshot::build(config).map_err(ReloadError::Config)?);
         let new = snapshot.config.clone();
         let s = &self.lua_services;
         let blocking = Builtins::blocking(&new, &s.roles, &s.query).map_err(ReloadError::Config)?;
-        let engine = LuaEngine::load(LuaSettings::from_config(&new), self.lua_services.clone())
-            .map_err(ReloadError::Hooks)?;
+        let engine = if load_hooks {
+            let settings = LuaSettings::from_config(&new);
+            Some(LuaEngine::load(settings, s.clone()).map_err(ReloadError::Hooks)?)
+        } else {
+            None
+        };
         // Nothing where there was something (an emptied file, a missing
         // hooks folder) is refused, not applied.
-        let running = old.provides(self.lua_hooks.0.lock().len());
-        let next = snapshot.provides(engine.file_names().len());
+        let loaded = self.lua_hooks.0.lock().len();
+        let hook_files = engine.as_ref().map_or(loaded, |e| e.file_names().len());
+        let running = old.provides(loaded);
+        let next = snapshot.provides(hook_files);
         reload_guard::check(&running, &next, &new)
             .map_err(|issue| ReloadError::Config(issue.in_file(&new.source)))?;
         // Everything is valid: swap it in.
@@ -161,23 +218,14 @@ impl App {
                 tracing::warn!(error = %e, "log.level not changed");
             }
         }
-        let hook_files = engine.file_names().len();
-        {
-            let mut lua = self.lua_hooks.0.lock();
+        // The built-ins in front (the blocking rules may have come or
+        // gone), then the Lua hooks.
+        let mut lua = self.lua_hooks.0.lock();
+        if let Some(engine) = engine {
             *lua = engine.hooks();
-            self.install_hooks(&lua);
         }
-        for key in &restart_needed {
-            tracing::warn!(
-                key,
-                "changed in the configuration file, but needs a restart to take effect"
-            );
-        }
-        tracing::info!(hook_files, "configuration reloaded");
-        Ok(ReloadReport {
-            hook_files,
-            restart_needed,
-        })
+        self.install_hooks(&lua);
+        Ok(hook_files)
     }
 }
 
@@ -323,6 +371,27 @@ impl App {
                 }))
             })
     }
+
+    /// SET from the console: [`App::set`] on a blocking thread (it reads
+    /// the files the configuration names, as a reload does), one at a time
+    /// with reloads.
+    pub async fn set_off_workers(
+        self: Arc<Self>,
+        key: String,
+        value: String,
+    ) -> Result<(), SetError> {
+        tokio::task::spawn_blocking(move || {
+            let _one = self.reloading.lock();
+            App::set(&self, &key, &value)
+        })
+        .await
+        .unwrap_or_else(|e| {
+            Err(SetError::Invalid {
+                key: String::new(),
+                message: format!("the SET did not finish: {e}"),
+            })
+        })
+    }
 }
 
 /// The console's way to what only the whole pooler can do.
@@ -331,6 +400,14 @@ impl Pooler for App {
         self: Arc<Self>,
     ) -> Pin<Box<dyn Future<Output = Result<ReloadReport, ReloadError>> + Send>> {
         Box::pin(self.reload_off_workers())
+    }
+
+    fn set(
+        self: Arc<Self>,
+        key: String,
+        value: String,
+    ) -> Pin<Box<dyn Future<Output = Result<(), SetError>> + Send>> {
+        Box::pin(self.set_off_workers(key, value))
     }
 
     fn set_maintenance<'a>(

@@ -9,6 +9,7 @@ mod clients;
 pub(crate) mod operations;
 mod stats;
 
+use crate::config::console_set::SetError;
 use crate::config::ConfigError;
 use crate::frontend::client_registry::Registration;
 use crate::frontend::client_stream::ClientStream;
@@ -39,6 +40,14 @@ pub trait Pooler: Send + Sync {
     fn reload(
         self: Arc<Self>,
     ) -> Pin<Box<dyn Future<Output = Result<ReloadReport, ReloadError>> + Send>>;
+
+    /// SET key = value: the running configuration with one value changed,
+    /// applied as RELOAD applies a file, until the next RELOAD.
+    fn set(
+        self: Arc<Self>,
+        key: String,
+        value: String,
+    ) -> Pin<Box<dyn Future<Output = Result<(), SetError>> + Send>>;
 
     /// MAINTENANCE ON role / MAINTENANCE OFF (`None`): whether it changed.
     fn set_maintenance<'a>(
@@ -237,6 +246,14 @@ impl Console {
                 Ok(Reply::Command("DISABLE HOOKS".into()))
             }
             Command::Reload => self.reload().await,
+            Command::Set { key, value } => {
+                self.pooler
+                    .clone()
+                    .set(key, value.clone())
+                    .await
+                    .map_err(|e| set_error(e, &value))?;
+                Ok(Reply::Command("SET".into()))
+            }
             Command::Pause(db) => {
                 operations::pause(&self.deps, db.as_deref()).await?;
                 Ok(Reply::Command("PAUSE".into()))
@@ -338,6 +355,7 @@ impl Console {
                     "KILL [<db>]",
                     "KILL_CLIENT <id>",
                     "RELOAD",
+                    "SET <key> = <value>",
                     "ENABLE HOOKS",
                     "DISABLE HOOKS",
                     "RESET AUTH_MON [role|address]",
@@ -497,6 +515,11 @@ pub enum Command {
     EnableHooks,
     DisableHooks,
     Reload,
+    /// `SET key = value` (or `TO`): the key as written, the value unquoted.
+    Set {
+        key: String,
+        value: String,
+    },
     Pause(Option<String>),
     Resume(Option<String>),
     Reconnect(Option<String>),
@@ -541,6 +564,7 @@ pub fn parse_command(sql: &str) -> Result<Command, PgError> {
         ["ENABLE", "HOOKS"] => Command::EnableHooks,
         ["DISABLE", "HOOKS"] => Command::DisableHooks,
         ["RELOAD"] => Command::Reload,
+        ["SET", ..] => parse_set(sql)?,
         ["PAUSE", rest @ ..] => Command::Pause(argument(sql, 1, rest.len())),
         ["RESUME", rest @ ..] => Command::Resume(argument(sql, 1, rest.len())),
         ["RECONNECT", rest @ ..] => Command::Reconnect(argument(sql, 1, rest.len())),
@@ -582,6 +606,92 @@ pub fn parse_command(sql: &str) -> Result<Command, PgError> {
             .with_hint("SHOW HELP lists the commands"))
         }
     })
+}
+
+/// `SET key = value` or `SET key TO value`, as PgBouncer's console takes
+/// it: the value bare, or in single quotes (`''` for a quote).
+fn parse_set(sql: &str) -> Result<Command, PgError> {
+    let usage = || {
+        PgError::error(
+            sqlstate::SYNTAX_ERROR,
+            "SET needs a key and a value: SET <key> = <value>",
+        )
+    };
+    let text = sql.trim().trim_end_matches(';').trim_end();
+    // The first word is SET (three ASCII letters).
+    let rest = text[3..].trim_start();
+    let end = rest
+        .find(|c: char| c.is_whitespace() || c == '=')
+        .unwrap_or(rest.len());
+    let (key, rest) = rest.split_at(end);
+    let rest = rest.trim_start();
+    let value = match rest.strip_prefix('=') {
+        Some(value) => value,
+        None => match rest.get(..2) {
+            Some(to)
+                if to.eq_ignore_ascii_case("to") && rest[2..].starts_with(char::is_whitespace) =>
+            {
+                &rest[2..]
+            }
+            _ => return Err(usage()),
+        },
+    }
+    .trim();
+    if key.is_empty() || value.is_empty() {
+        return Err(usage());
+    }
+    let value = match value.strip_prefix('\'').and_then(|v| v.strip_suffix('\'')) {
+        Some(quoted) if !quoted.replace("''", "").contains('\'') => quoted.replace("''", "'"),
+        _ if value.starts_with('\'') => {
+            return Err(PgError::error(
+                sqlstate::SYNTAX_ERROR,
+                "unterminated quoted string in SET",
+            ))
+        }
+        _ => value.to_string(),
+    };
+    Ok(Command::Set {
+        key: key.to_string(),
+        value,
+    })
+}
+
+/// A refused SET as PostgreSQL says it of its own parameters.
+fn set_error(e: SetError, value: &str) -> PgError {
+    match e {
+        SetError::Unknown(key) => PgError::error(
+            sqlstate::UNDEFINED_OBJECT,
+            format!(
+                "unrecognized configuration parameter \"{}\"",
+                shown(&key, 64)
+            ),
+        )
+        .with_hint(
+            "docs/configuration.md lists the keys (databases.<name>.<key> for a listed database)",
+        ),
+        SetError::RestartOnly(key) => PgError::error(
+            sqlstate::CANT_CHANGE_RUNTIME_PARAM,
+            format!("parameter \"{key}\" cannot be changed without restarting the server"),
+        ),
+        SetError::PartOf { key, whole } => PgError::error(
+            sqlstate::FEATURE_NOT_SUPPORTED,
+            format!("parameter \"{key}\" is part of each entry of {whole}: set {whole} whole"),
+        )
+        .with_hint(format!("SET {whole} = '[...]', the list as YAML writes it")),
+        SetError::Invalid { key, message } => {
+            // A password is not echoed.
+            let text = if key.to_ascii_lowercase().ends_with("password") {
+                format!("invalid value for parameter \"{}\"", shown(&key, 64))
+            } else {
+                format!(
+                    "invalid value for parameter \"{}\": \"{}\"",
+                    shown(&key, 64),
+                    shown(value, 64)
+                )
+            };
+            PgError::error(sqlstate::INVALID_PARAMETER_VALUE, text).with_detail(message)
+        }
+    }
 }
 
 /// The name after the first `skip` words of a command, as written (quotes
@@ -656,6 +766,42 @@ impl Reply {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn set_takes_equals_or_to_and_a_bare_or_quoted_value() {
+        let set = |key: &str, value: &str| Command::Set {
+            key: key.into(),
+            value: value.into(),
+        };
+        let parsed = |sql: &str| parse_command(sql).unwrap();
+        assert_eq!(parsed("SET pool_size = 5"), set("pool_size", "5"));
+        assert_eq!(parsed("set pool_size=5;"), set("pool_size", "5"));
+        assert_eq!(parsed("SET pool_size TO '5'"), set("pool_size", "5"));
+        assert_eq!(
+            parsed("SET server_reset_query = 'DISCARD ALL'"),
+            set("server_reset_query", "DISCARD ALL")
+        );
+        assert_eq!(
+            parsed("SET auth.query = 'SELECT ''x'''"),
+            set("auth.query", "SELECT 'x'")
+        );
+        assert_eq!(
+            parsed("SET databases.App.pool_size to 3"),
+            set("databases.App.pool_size", "3")
+        );
+        for bad in [
+            "SET",
+            "SET pool_size",
+            "SET pool_size =",
+            "SET pool_size 5",
+            "SET = 5",
+            "SET x = 'a",
+        ] {
+            let e = parse_command(bad).unwrap_err();
+            assert_eq!(e.code, sqlstate::SYNTAX_ERROR, "{bad}");
+        }
+        assert!(parse_command("SET x = 1").unwrap().needs_admin());
+    }
 
     #[test]
     fn reads_query_text_as_postgresql_does() {

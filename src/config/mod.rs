@@ -6,6 +6,7 @@
 //! TLS, credential sources and HBA rules live in [`security`].
 
 pub mod builtins;
+pub mod console_set;
 pub mod peering;
 pub mod reload_guard;
 pub mod security;

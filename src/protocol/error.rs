@@ -24,6 +24,7 @@ pub mod sqlstate {
     pub const INSUFFICIENT_PRIVILEGE: &str = "42501";
     pub const INVALID_PARAMETER_VALUE: &str = "22023";
     pub const UNDEFINED_OBJECT: &str = "42704";
+    pub const CANT_CHANGE_RUNTIME_PARAM: &str = "55P02";
     pub const OBJECT_NOT_IN_PREREQUISITE_STATE: &str = "55000";
     pub const INTERNAL_ERROR: &str = "XX000";
     pub const PROGRAM_LIMIT_EXCEEDED: &str = "54000";

@@ -1,7 +1,7 @@
 //! Changing a running usher from the admin console: PAUSE/RESUME, KILL,
-//! KILL_CLIENT, RECONNECT, SHOW CLIENTS/SERVERS, and RELOAD of the
+//! KILL_CLIENT, RECONNECT, SHOW CLIENTS/SERVERS, RELOAD of the
 //! configuration file (a changed pool size applies, a broken file is kept
-//! out).
+//! out) and SET of one key (until the next RELOAD).
 
 use crate::common;
 
@@ -390,4 +390,148 @@ async fn a_broken_config_is_refused_and_the_running_one_stays() {
         get(row(&config, "key", "max_auth_clients"), "value"),
         Some("1000")
     );
+}
+
+/// psql's output of a console command as admin: (stdout, stderr, success).
+fn psql_console(pg: &PgCluster, usher: &Usher, command: &str) -> (String, String, bool) {
+    let out = std::process::Command::new(pg.bin("psql"))
+        .args(["-X", "-c", command])
+        .arg(format!(
+            "host=127.0.0.1 port={} user=admin password=admin-pw dbname=usher",
+            usher.addr.port()
+        ))
+        .output()
+        .expect("psql");
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        out.status.success(),
+    )
+}
+
+fn config_value(rows: &[Row], key: &str) -> String {
+    get(row(rows, "key", key), "value").unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_changes_a_running_key_until_the_next_reload() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(pg, "pool_mode: transaction\npool_size: 1\n").await;
+    let holder = usher.alice().await;
+    let waiter = usher.alice().await;
+    holder.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    let query = tokio::spawn(async move { waiter.batch_execute("SELECT 1").await });
+    wait_for_rows(&usher, "SHOW POOLS", |rows| waiting_in_pool(rows) == 1).await;
+
+    // SET answers as PgBouncer's does, and the pool grows at once: the
+    // waiting client gets a second connection while the first is held.
+    let (stdout, stderr, ok) = psql_console(pg, &usher, "SET pool_size TO '2'");
+    assert!(ok && stdout.trim() == "SET", "{stdout}{stderr}");
+    tokio::time::timeout(Duration::from_secs(10), query)
+        .await
+        .expect("the waiting query ran after SET pool_size = 2")
+        .unwrap()
+        .unwrap();
+    let config = console(&usher, "SHOW CONFIG").await;
+    assert_eq!(config_value(&config, "pool_size"), "2");
+    assert_eq!(
+        get(row(&config, "key", "pool_size"), "changeable"),
+        Some("yes")
+    );
+    holder.batch_execute("COMMIT").await.unwrap();
+
+    // Another key, seen by a client: client_idle_timeout ends an idle one.
+    console(&usher, "SET client_idle_timeout = 1").await;
+    let idle = usher.alice().await;
+    let e = common::wait::wait_for_async(
+        Duration::from_secs(10),
+        "the idle client is ended",
+        || async {
+            match idle.batch_execute("SELECT 1").await {
+                Err(e) => Ok(e),
+                Ok(()) => {
+                    tokio::time::sleep(Duration::from_millis(1500)).await;
+                    Err("still connected")
+                }
+            }
+        },
+    )
+    .await;
+    assert!(
+        e.is_closed() || sqlstate(&e).as_deref() == Some("57P05"),
+        "{e:?}"
+    );
+    console(&usher, "SET client_idle_timeout = 0").await;
+
+    // RELOAD reads the file again: the console's values are gone, and a
+    // second transaction waits for the one connection.
+    console(&usher, "RELOAD").await;
+    let config = console(&usher, "SHOW CONFIG").await;
+    assert_eq!(config_value(&config, "pool_size"), "1");
+    let other = usher.alice().await;
+    holder.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    let query = tokio::spawn(async move { other.batch_execute("SELECT 1").await });
+    assert!(
+        still_pending(&query).await,
+        "pool_size 1 lent two connections after RELOAD"
+    );
+    holder.batch_execute("COMMIT").await.unwrap();
+    query.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_refuses_restart_only_keys_unknown_keys_bad_values_and_stats_users() {
+    let pg = PgCluster::shared();
+    let yaml = usher_yaml(pg, "pool_size: 3\n").replace(
+        "admin:\n  users: [admin]\n",
+        "admin:\n  users: [admin]\n  stats_users: [bob]\n",
+    );
+    let usher = Usher::start_yaml(&yaml).await;
+    let port = usher.addr.port();
+    let refused = |command: &'static str| async move {
+        let e = console_messages(port, command).await.unwrap_err();
+        let db = e
+            .as_db_error()
+            .unwrap_or_else(|| panic!("{command}: {e:?}"));
+        (
+            db.code().code().to_string(),
+            db.message().to_string(),
+            db.detail().unwrap_or_default().to_string(),
+        )
+    };
+
+    let (code, message, _) = refused("SET listen = '127.0.0.1:7000'").await;
+    assert_eq!(code, "55P02", "{message}");
+    assert!(
+        message.contains("\"listen\"") && message.contains("restart"),
+        "{message}"
+    );
+
+    let (code, message, _) = refused("SET pool_sise = 4").await;
+    assert_eq!(code, "42704", "{message}");
+    assert!(message.contains("\"pool_sise\""), "{message}");
+
+    let (code, message, detail) = refused("SET pool_size = 0").await;
+    assert_eq!(code, "22023", "{message}");
+    assert!(detail.contains("greater than 0"), "{message}: {detail}");
+    let (code, message, _) = refused("SET pool_size = many").await;
+    assert_eq!(code, "22023", "{message}");
+    let (code, message, detail) = refused("SET pool_mode = statement").await;
+    assert_eq!(code, "22023", "{message}: {detail}");
+
+    // bob may SHOW but not SET.
+    let conn = format!("host=127.0.0.1 port={port} user=bob password={BOB_PASSWORD} dbname=usher");
+    let (bob, driver) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(driver);
+    bob.simple_query("SHOW CONFIG").await.unwrap();
+    let e = bob.simple_query("SET pool_size = 4").await.unwrap_err();
+    assert_eq!(sqlstate(&e).as_deref(), Some("42501"), "{e:?}");
+
+    // None of it changed anything.
+    let config = console(&usher, "SHOW CONFIG").await;
+    assert_eq!(config_value(&config, "pool_size"), "3");
+    assert_eq!(config_value(&config, "pool_mode"), "transaction");
+    assert_eq!(config_value(&config, "listen"), "127.0.0.1:0");
 }

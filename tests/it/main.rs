@@ -36,6 +36,7 @@ mod layers;
 mod limits;
 mod login;
 mod memory;
+mod online_restart;
 mod operations;
 mod overload;
 mod own_statements;

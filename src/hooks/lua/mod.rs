@@ -50,7 +50,7 @@ pub struct LuaServices {
 }
 
 /// Limits of the engine (from `hooks:`).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LuaSettings {
     pub dir: PathBuf,
     pub timeout: Duration,

@@ -627,8 +627,11 @@ impl Pool {
         while let Some(slot) = self.slots.slot_for_min_size() {
             match self.connect(&settings).await {
                 Ok(conn) => {
-                    self.slots.add_idle(conn);
+                    let kept = self.slots.add_idle(conn);
                     drop(slot);
+                    if !kept {
+                        break;
+                    }
                 }
                 Err(e) => {
                     tracing::warn!(db = %self.database, user = %self.user, code = e.sqlstate(), error = %e, "could not open a min_pool_size connection");

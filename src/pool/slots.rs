@@ -310,11 +310,21 @@ impl<C: Pooled> Slots<C> {
     }
 
     /// Adds a connection to the idle list as it is (a new one, opened for
-    /// `min_pool_size`).
-    pub(super) fn add_idle(&self, conn: C) {
+    /// `min_pool_size`), unless the pool is paused: PAUSE closes the idle
+    /// connections, and one that finished opening after that would sit
+    /// through the pause (dead, if the server was restarted meanwhile).
+    /// Whether it was kept; checked under the list's lock, which PAUSE's
+    /// close takes after setting the flag.
+    pub(super) fn add_idle(&self, conn: C) -> bool {
         let mut idle = self.idle.lock();
+        if self.is_paused() {
+            drop(idle);
+            tracing::debug!(server = conn.id(), "opened during a pause; closing");
+            return false;
+        }
         idle.push(conn);
         self.stats.idle_servers(idle.len());
+        true
     }
 
     /// Whether a clean connection checked in now may be used again: of
@@ -337,8 +347,11 @@ impl<C: Pooled> Slots<C> {
             CheckedIn::Stale
         } else {
             conn.touch(now);
-            self.add_idle(conn);
-            return CheckedIn::Idle; // the lease drops here
+            // A PAUSE between the check above and the list's lock closes it.
+            return match self.add_idle(conn) {
+                true => CheckedIn::Idle,
+                false => CheckedIn::Stale,
+            }; // the lease drops here
         };
         // Closed before the slot is free, so the pool never has more than
         // pool_size connections open.
@@ -746,6 +759,18 @@ mod tests {
         assert_eq!(slots.take_idle(now).map(|c| c.id), Some(2));
         assert!(slots.take_idle(now).is_none(), "the old one was closed");
         assert_eq!(slots.idle_count(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_opened_during_a_pause_is_closed_not_idled() {
+        let slots = slots(limits(2));
+        slots.pause();
+        slots.drained().await;
+        assert!(!slots.add_idle(open(&slots, 1)));
+        assert_eq!(slots.idle_count(), 0, "PAUSE leaves no idle connection");
+        slots.resume();
+        assert!(slots.add_idle(open(&slots, 2)));
+        assert_eq!(slots.idle_count(), 1);
     }
 
     #[tokio::test(start_paused = true)]

@@ -470,7 +470,7 @@ impl Session {
                         out_walker: std::mem::replace(&mut fwd.out_walker, FrameWalker::new(0)),
                         flow: std::mem::replace(
                             &mut fwd.flow,
-                            Box::new(Flow::new(mode, false, Pinning::Off)),
+                            Flow::take(mode, false, Pinning::Off),
                         ),
                         whole_messages: fwd.in_walker.at_boundary() && fwd.to_server.is_empty(),
                         interrupted,

@@ -71,9 +71,11 @@ pub fn give(mut buf: BytesMut) {
 }
 
 /// Moves a buffer's bytes into one of their size and gives the block back
-/// (a client that will wait holds only what it sent).
+/// (a client that will wait holds only what it sent). A large message is
+/// left where it is: its buffer is already about its size (and charged to
+/// the budget), and a copy would hold it twice for a moment.
 pub fn shrink_to_fit(buf: &mut BytesMut) {
-    if buf.capacity() > buf.len() {
+    if buf.capacity() > buf.len() && buf.len() <= crate::frontend::budget::FREE_BYTES {
         let small = BytesMut::from(&buf[..]);
         give(std::mem::replace(buf, small));
     }

@@ -23,7 +23,7 @@ fn client() -> ClientInfo {
         database: "app".into(),
         application_name: "bench".into(),
         startup: vec![("user".to_string(), "alice".to_string())].into(),
-        addr: "127.0.0.1:5000".parse().unwrap(),
+        addr: usher::client_addr::ClientAddr::Tcp("127.0.0.1:5000".parse().unwrap()),
         tls: None,
         auth_method: "scram-sha-256",
         pool_mode: PoolMode::Transaction,

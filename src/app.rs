@@ -4,8 +4,10 @@
 use crate::accept::AcceptBackoff;
 use crate::admin::{Pooler, ReloadError, ReloadReport};
 use crate::auth::AuthAttempt;
+use crate::client_addr::ClientAddr;
 use crate::config::console_set::{self, SetError};
 use crate::config::{reload_guard, settings, Config, ConfigError, OnError};
+use crate::frontend::client_stream::ClientStream;
 use crate::frontend::deps::{ConfigSnapshot, SessionDeps, ShutdownMode};
 use crate::hooks::builtin::Builtins;
 use crate::hooks::lua::{HookThreads, LoadError, LuaEngine, LuaServices, LuaSettings};
@@ -422,9 +424,9 @@ impl Pooler for App {
 /// the session or the console, so that the login's state (a large future:
 /// TLS, SCRAM, hooks) is freed and an idle client keeps only what serving
 /// it needs.
-async fn serve_client(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
+async fn serve_client(app: Arc<App>, stream: ClientStream, addr: ClientAddr) {
     use crate::frontend::login::{self, LoggedIn};
-    let Some(admitted) = login::admit(&app.deps, tcp, addr).await else {
+    let Some(admitted) = login::admit(&app.deps, stream, addr).await else {
         return;
     };
     let login::Admitted {
@@ -453,6 +455,12 @@ async fn serve_client(app: Arc<App>, tcp: TcpStream, addr: SocketAddr) {
             }
         }
     }
+}
+
+/// A TCP client, as accepted.
+fn tcp_client(tcp: TcpStream, addr: SocketAddr) -> (ClientStream, ClientAddr) {
+    let _ = tcp.set_nodelay(true);
+    (ClientStream::plain(tcp), ClientAddr::Tcp(addr))
 }
 
 /// A bound listener and the app behind it.
@@ -498,8 +506,8 @@ impl Server {
                 accepted = self.listener.accept() => match accepted {
                     Ok((stream, addr)) => {
                         backoff.accepted();
-                        let app = app.clone();
-                        tokio::spawn(serve_client(app, stream, addr));
+                        let (stream, addr) = tcp_client(stream, addr);
+                        tokio::spawn(serve_client(app.clone(), stream, addr));
                     }
                     Err(e) => {
                         let pause = backoff.failed(&e);
@@ -517,7 +525,10 @@ impl Server {
         // take them first, then close at once.
         let queued: Vec<_> = crate::listen::drain_backlog(self.listener)
             .into_iter()
-            .map(|(stream, addr)| tokio::spawn(serve_client(app.clone(), stream, addr)))
+            .map(|(stream, addr)| {
+                let (stream, addr) = tcp_client(stream, addr);
+                tokio::spawn(serve_client(app.clone(), stream, addr))
+            })
             .collect();
         let deadline = Duration::from_secs_f64(app.config().shutdown_timeout);
         tracing::info!(

@@ -8,6 +8,7 @@ pub mod admin;
 pub mod app;
 pub mod auth;
 pub mod backend;
+pub mod client_addr;
 pub mod config;
 pub mod frontend;
 pub mod hooks;

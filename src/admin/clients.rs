@@ -69,10 +69,18 @@ fn client_row(c: &ClientHandle) -> Vec<Option<String>> {
         s(&f.database),
         s("none"),
         s(c.state().as_str()),
-        s(f.addr.ip()),
+        s(f.addr.shown()),
         s(f.addr.port()),
-        f.local.map(|a| a.ip().to_string()),
-        f.local.map(|a| a.port().to_string()),
+        // A local client: `unix` and the socket's port on both ends, as
+        // PgBouncer shows it.
+        match f.addr.local_peer() {
+            Some(_) => s(crate::client_addr::UNIX_SHOWN),
+            None => f.local.map(|a| a.ip().to_string()),
+        },
+        match f.addr.local_peer() {
+            Some(p) => s(p.port),
+            None => f.local.map(|a| a.port().to_string()),
+        },
         s(pgb_time(c.connect_time)),
         s(pgb_time(c.request_time())),
         s(wait_us / 1_000_000),
@@ -80,7 +88,8 @@ fn client_row(c: &ClientHandle) -> Vec<Option<String>> {
         s(0),
         s(format!("c{}", c.id)),
         link,
-        s(0),
+        // The connecting process of a local client (SO_PEERCRED), as PgBouncer.
+        s(f.addr.local_peer().and_then(|p| p.pid).unwrap_or(0)),
         Some(f.tls.to_string()).filter(|t| !t.is_empty()),
         s(&f.application_name),
         s(c.prepared()),

@@ -1,8 +1,8 @@
 //! The record of one authentication attempt. Every outcome produces one; the
 //! hook framework and auth monitoring consume them, and they are logged.
 
+use crate::client_addr::ClientAddr;
 use std::fmt;
-use std::net::SocketAddr;
 
 /// How an authentication attempt ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,7 +50,7 @@ pub struct AuthAttempt {
     pub user: String,
     pub user_exists: bool,
     pub database: String,
-    pub client_addr: SocketAddr,
+    pub client_addr: ClientAddr,
     pub method: String,
     pub outcome: AuthOutcome,
 }

@@ -4,12 +4,13 @@
 //! PostgreSQL's: the first rule whose type, database, user and address match
 //! decides; no match, or a `reject` rule, refuses the connection (28000).
 //!
-//! Supported: types host, hostssl, hostnossl, local (never matches: usher
-//! listens on TCP only); databases `all`, `sameuser`, `replication` (never
+//! Supported: types host, hostssl, hostnossl (TCP clients) and local
+//! (clients of the Unix-domain socket, `unix_socket_dir`); databases `all`, `sameuser`, `replication` (never
 //! matches) and names; users `all`, names and `+role` (membership asked of
 //! the server through `auth.user`); addresses `all`, CIDR, a single address,
 //! or address and netmask in the file format.
 
+use crate::client_addr::ClientHost;
 use crate::config::{AuthMethod, ConfigIssue, HbaMethod, HbaRuleConfig, HbaType};
 use ipnet::IpNet;
 use std::future::Future;
@@ -101,7 +102,9 @@ enum UserName {
 /// What is known of a connection when the rules are checked.
 #[derive(Debug, Clone, Copy)]
 pub struct Connection<'a> {
-    pub addr: IpAddr,
+    /// An IP address (IPv4-mapped IPv6 as IPv4), or `Local` for the
+    /// Unix-domain socket.
+    pub host: ClientHost,
     pub tls: bool,
     pub database: &'a str,
     pub user: &'a str,
@@ -250,16 +253,20 @@ impl Hba {
         F: Fn(String) -> Fut,
         Fut: Future<Output = bool>,
     {
-        let addr = conn.addr.to_canonical();
         for rule in &self.rules {
-            let type_ok = match rule.conn_type {
-                HbaType::Local => false,
-                HbaType::Host => true,
-                HbaType::HostSsl => conn.tls,
-                HbaType::HostNoSsl => !conn.tls,
+            let type_ok = match (rule.conn_type, conn.host) {
+                (HbaType::Local, host) => host == ClientHost::Local,
+                (_, ClientHost::Local) => false,
+                (HbaType::Host, _) => true,
+                (HbaType::HostSsl, _) => conn.tls,
+                (HbaType::HostNoSsl, _) => !conn.tls,
+            };
+            let address_ok = match (rule.address, conn.host) {
+                (Some(net), ClientHost::Ip(ip)) => net.contains(&ip.to_canonical()),
+                _ => true,
             };
             if !type_ok
-                || rule.address.is_some_and(|net| !net.contains(&addr))
+                || !address_ok
                 || !rule.databases.iter().any(|d| match d {
                     DatabaseName::All => true,
                     DatabaseName::SameUser => conn.database == conn.user,
@@ -448,7 +455,7 @@ mod tests {
 
     fn conn<'a>(addr: &str, tls: bool, database: &'a str, user: &'a str) -> Connection<'a> {
         Connection {
-            addr: addr.parse().unwrap(),
+            host: addr.parse().unwrap(),
             tls,
             database,
             user,
@@ -539,6 +546,22 @@ mod tests {
             decide(&hba, conn("127.0.0.1", false, "other", "alice")).await,
             Decision::NoMatch,
             "local rules never match a TCP connection"
+        );
+        assert_eq!(
+            method_of(decide(&hba, conn("[local]", false, "other", "alice")).await),
+            Some(AuthMethod::Trust),
+            "local rules match the Unix socket's clients"
+        );
+        let hosts = Hba::parse_file(
+            "host all all all trust
+",
+            "f",
+        )
+        .unwrap();
+        assert_eq!(
+            decide(&hosts, conn("[local]", false, "app", "alice")).await,
+            Decision::NoMatch,
+            "`host ... all` is every address, not the Unix socket"
         );
     }
 

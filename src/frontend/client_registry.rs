@@ -6,6 +6,7 @@
 //! relaxed atomics and a per-client mutex, never a lock shared by clients.
 
 use crate::backend::ServerSummary;
+use crate::client_addr::ClientAddr;
 use crate::protocol::cancel_key;
 use atomic_waker::AtomicWaker;
 use dashmap::DashMap;
@@ -48,7 +49,8 @@ pub struct ClientFacts {
     /// The same strings as the hook context's `ClientInfo`.
     pub user: Arc<str>,
     pub database: Arc<str>,
-    pub addr: SocketAddr,
+    pub addr: ClientAddr,
+    /// usher's end of a TCP connection.
     pub local: Option<SocketAddr>,
     pub application_name: Arc<str>,
     /// e.g. `TLSv1_3/TLS13_AES_256_GCM_SHA384`; empty without TLS.
@@ -406,7 +408,7 @@ mod tests {
         ClientFacts {
             user: "alice".into(),
             database: "app".into(),
-            addr: "127.0.0.1:5000".parse().unwrap(),
+            addr: ClientAddr::Tcp("127.0.0.1:5000".parse().unwrap()),
             local: None,
             application_name: "".into(),
             tls: "".into(),

@@ -11,6 +11,7 @@ use super::peers::Peers;
 use super::prepared::StatementRegistry;
 use crate::auth::hba::Hba;
 use crate::auth::{AuthAttempt, Credentials};
+use crate::client_addr::ClientHost;
 use crate::config::reload_guard::Provides;
 use crate::config::{Config, ConfigError, HbaMethod};
 use crate::hooks::builtin::Builtins;
@@ -21,7 +22,6 @@ use crate::tls::{ClientTls, ServerTls};
 use arc_swap::ArcSwap;
 use rand::RngCore;
 use std::collections::HashMap;
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::{broadcast, watch};
@@ -151,7 +151,7 @@ impl SessionDeps {
     /// operator is the hook switch (`hooks.enabled: false` and a reload,
     /// or the start-up flag), since the lockout never applies while hooks
     /// are off.
-    pub fn lockout_check(&self, user: &str, addr: IpAddr) -> Option<PgError> {
+    pub fn lockout_check(&self, user: &str, addr: ClientHost) -> Option<PgError> {
         let monitor = self.builtins.auth_monitor.as_ref()?;
         if !monitor.lockout_enabled() || !self.hooks.enabled() {
             return None;
@@ -164,7 +164,7 @@ impl SessionDeps {
 
     /// A hook (built-in or Lua) refused a client after it authenticated:
     /// the auth monitor counts it as a blocked attempt.
-    pub fn client_rejected(&self, user: &str, user_exists: bool, addr: IpAddr) {
+    pub fn client_rejected(&self, user: &str, user_exists: bool, addr: ClientHost) {
         if let Some(m) = &self.builtins.auth_monitor {
             m.blocked(user, user_exists, addr);
         }

@@ -18,6 +18,7 @@ use super::session::Session;
 use crate::auth::hba::{Connection, Decision};
 use crate::auth::{self, AuthAttempt, AuthOutcome, Authenticated, Challenge, Secret};
 use crate::backend::ServerCredential;
+use crate::client_addr::{ClientAddr, ClientHost};
 use crate::config::{AuthMethod, PoolMode, TlsMode};
 use crate::hooks::{ClientInfo, ConnectionCtx, Event, Vars};
 use crate::metrics::ClientConnected;
@@ -31,17 +32,15 @@ use crate::protocol::startup::{
 use crate::protocol::tags::status;
 use crate::protocol::PgError;
 use bytes::BytesMut;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 
 /// What the login has learnt so far: what the attempt record says, however
 /// the login ends.
 #[derive(Debug)]
 struct Progress {
-    addr: SocketAddr,
+    addr: ClientAddr,
     user: Option<String>,
     database: Option<String>,
     user_exists: bool,
@@ -51,7 +50,7 @@ struct Progress {
 }
 
 impl Progress {
-    fn new(addr: SocketAddr) -> Self {
+    fn new(addr: ClientAddr) -> Self {
         Progress {
             addr,
             user: None,
@@ -110,9 +109,11 @@ pub struct Admitted {
 /// Runs the startup phase of one client connection, from accept to
 /// ReadyForQuery (or to the console's welcome). `None`: the client was
 /// refused, timed out or left, and has been told why.
-pub async fn admit(deps: &Arc<SessionDeps>, tcp: TcpStream, addr: SocketAddr) -> Option<Admitted> {
-    let _ = tcp.set_nodelay(true);
-    let mut stream = ClientStream::plain(tcp);
+pub async fn admit(
+    deps: &Arc<SessionDeps>,
+    mut stream: ClientStream,
+    addr: ClientAddr,
+) -> Option<Admitted> {
     let (connected, count) = deps.clients.connect();
     let gauge = ClientConnected::new();
     // One snapshot of the configuration for the whole login.
@@ -128,7 +129,7 @@ pub async fn admit(deps: &Arc<SessionDeps>, tcp: TcpStream, addr: SocketAddr) ->
     let config = &snapshot.config;
     let slot = match deps
         .login_slots
-        .try_acquire(addr.ip(), config.max_auth_clients_per_address)
+        .try_acquire(&addr, config.max_auth_clients_per_address)
     {
         Ok(slot) => slot,
         Err(no) => {
@@ -250,7 +251,7 @@ async fn login<'a>(
     }
     // The lockout is decided before anything about the password: a locked
     // user's right password is refused too, and the lookup is not even run.
-    if let Some(e) = deps.lockout_check(&user, addr.ip()) {
+    if let Some(e) = deps.lockout_check(&user, addr.host()) {
         return refuse(deps, progress, AuthOutcome::Locked, e).await;
     }
     let lookup = match snapshot.credentials.lookup(&database, &user).await {
@@ -272,7 +273,8 @@ async fn login<'a>(
     };
     progress.user_exists = lookup.exists;
 
-    let method = match choose_method(snapshot, stream.is_tls(), addr, &user, &database).await {
+    let method = match choose_method(snapshot, stream.is_tls(), addr.host(), &user, &database).await
+    {
         Ok(method) => method,
         Err((outcome, error)) => return refuse(deps, progress, outcome, error).await,
     };
@@ -290,7 +292,7 @@ async fn login<'a>(
     };
     // The lockout again when the password or proof arrives: logins that
     // started together must not all get their guess checked.
-    let recheck = || deps.lockout_check(&user, addr.ip());
+    let recheck = || deps.lockout_check(&user, addr.host());
     let authenticated = match auth::authenticate(stream, &challenge, recheck).await {
         Ok(a) => a,
         Err(failure) => {
@@ -375,7 +377,7 @@ async fn login<'a>(
         deps.hooks.client_connection(&mut ctx).await;
         if let Some(r) = ctx.reject {
             tracing::info!(user = %client.user, database = %client.database, addr = %addr, hook = %r.hook, sqlstate = %r.sqlstate, "client rejected by hook");
-            deps.client_rejected(&client.user, progress.user_exists, addr.ip());
+            deps.client_rejected(&client.user, progress.user_exists, addr.host());
             let mut e = PgError::fatal(&r.sqlstate, r.message);
             e.detail = r.detail;
             e.hint = r.hint;
@@ -586,11 +588,10 @@ impl Drop for PoolClaim<'_> {
 async fn choose_method(
     snapshot: &ConfigSnapshot,
     tls: bool,
-    addr: SocketAddr,
+    host: ClientHost,
     user: &str,
     database: &str,
 ) -> Result<AuthMethod, (AuthOutcome, PgError)> {
-    let host = addr.ip();
     // As the messages quote them.
     let (u, d) = (shown_name(user), shown_name(database));
     if !tls && snapshot.client_tls.as_ref().map(|t| t.mode) == Some(TlsMode::Require) {
@@ -607,7 +608,7 @@ async fn choose_method(
         return Ok(snapshot.config.auth.method);
     };
     let conn = Connection {
-        addr: host,
+        host,
         tls,
         database,
         user,
@@ -657,7 +658,7 @@ async fn startup(
     snapshot: &ConfigSnapshot,
     deps: &SessionDeps,
     stream: &mut ClientStream,
-    addr: SocketAddr,
+    addr: ClientAddr,
 ) -> Result<Option<Vec<(String, String)>>, PgError> {
     let gone = |_| PgError::protocol("client went away");
     let invalid = |e: PgError| {

@@ -9,7 +9,10 @@
 //! what one host (or one customer's network) is given, and its owner can
 //! use any of its 2^64 addresses, so counting single IPv6 addresses would
 //! bound nothing. An IPv4-mapped IPv6 address counts as its IPv4 address.
+//! Clients of the Unix-domain socket have no address: each local user
+//! (uid, from SO_PEERCRED) counts as one.
 
+use crate::client_addr::ClientAddr;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -22,9 +25,19 @@ pub enum AddrKey {
     V4([u8; 4]),
     /// The first 64 bits.
     V6Prefix(u64),
+    /// A local user's uid, on the Unix-domain socket.
+    Local(u32),
 }
 
 impl AddrKey {
+    /// The key of a client.
+    pub fn of_client(addr: &ClientAddr) -> AddrKey {
+        match addr {
+            ClientAddr::Tcp(a) => AddrKey::of(a.ip()),
+            ClientAddr::Local(p) => AddrKey::Local(p.uid),
+        }
+    }
+
     pub fn of(addr: IpAddr) -> AddrKey {
         match addr {
             IpAddr::V4(v4) => AddrKey::V4(v4.octets()),
@@ -43,6 +56,7 @@ impl std::fmt::Display for AddrKey {
             AddrKey::V6Prefix(p) => {
                 write!(f, "{}/64", std::net::Ipv6Addr::from(u128::from(p) << 64))
             }
+            AddrKey::Local(uid) => write!(f, "uid {uid} on the Unix socket"),
         }
     }
 }
@@ -82,8 +96,8 @@ impl LoginSlots {
     }
 
     /// A slot for a client from `addr`, if both bounds allow one.
-    pub fn try_acquire(&self, addr: IpAddr, per_address: usize) -> Result<LoginSlot, NoSlot> {
-        let key = AddrKey::of(addr);
+    pub fn try_acquire(&self, addr: &ClientAddr, per_address: usize) -> Result<LoginSlot, NoSlot> {
+        let key = AddrKey::of_client(addr);
         let mut by_addr = self.by_addr.lock();
         let count = by_addr.entry(key).or_insert(0);
         if *count >= per_address {
@@ -134,6 +148,10 @@ mod tests {
         s.parse().unwrap()
     }
 
+    fn tcp(s: &str) -> ClientAddr {
+        ClientAddr::Tcp(std::net::SocketAddr::new(ip(s), 5000))
+    }
+
     #[test]
     fn ipv6_addresses_count_per_64_and_mapped_ipv4_as_ipv4() {
         assert_eq!(
@@ -159,25 +177,52 @@ mod tests {
     #[test]
     fn each_address_gets_its_share_and_gives_it_back() {
         let slots = LoginSlots::new(5);
-        let a = ip("192.0.2.1");
-        let b = ip("192.0.2.2");
-        let held: Vec<_> = (0..2).map(|_| slots.try_acquire(a, 2).unwrap()).collect();
+        let a = "192.0.2.1";
+        let b = "192.0.2.2";
+        let held: Vec<_> = (0..2)
+            .map(|_| slots.try_acquire(&tcp(a), 2).unwrap())
+            .collect();
         assert_eq!(
-            slots.try_acquire(a, 2).unwrap_err(),
-            NoSlot::Address(AddrKey::of(a))
+            slots.try_acquire(&tcp(a), 2).unwrap_err(),
+            NoSlot::Address(AddrKey::of(ip(a)))
         );
-        let more: Vec<_> = (0..3).map(|_| slots.try_acquire(b, 3).unwrap()).collect();
+        let more: Vec<_> = (0..3)
+            .map(|_| slots.try_acquire(&tcp(b), 3).unwrap())
+            .collect();
         // All five are taken: another address is refused for that reason,
         // and leaves no entry behind.
         assert_eq!(
-            slots.try_acquire(ip("192.0.2.3"), 2).unwrap_err(),
+            slots.try_acquire(&tcp("192.0.2.3"), 2).unwrap_err(),
             NoSlot::All
         );
         assert_eq!((slots.in_use(), slots.addresses()), (5, 2));
         drop(held);
         assert_eq!((slots.in_use(), slots.addresses()), (3, 1));
-        let _again = slots.try_acquire(a, 2).unwrap();
+        let _again = slots.try_acquire(&tcp(a), 2).unwrap();
         drop(more);
         assert_eq!((slots.in_use(), slots.addresses()), (1, 1));
+    }
+
+    #[test]
+    fn each_local_user_counts_as_one_address() {
+        use crate::client_addr::LocalPeer;
+        let local = |uid| {
+            ClientAddr::Local(LocalPeer {
+                uid,
+                gid: uid,
+                pid: Some(1),
+                port: 6432,
+            })
+        };
+        let slots = LoginSlots::new(10);
+        let _held = slots.try_acquire(&local(1000), 1).unwrap();
+        let refused = slots.try_acquire(&local(1000), 1).unwrap_err();
+        assert_eq!(refused, NoSlot::Address(AddrKey::Local(1000)));
+        assert_eq!(
+            AddrKey::Local(1000).to_string(),
+            "uid 1000 on the Unix socket"
+        );
+        let _other = slots.try_acquire(&local(1001), 1).unwrap();
+        assert_eq!(slots.addresses(), 2);
     }
 }

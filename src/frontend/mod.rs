@@ -13,6 +13,7 @@
 //! - [`prepared`]: named prepared statements carried in transaction mode;
 //!   [`unnamed`]: the client's unnamed statement, kept as PostgreSQL keeps it.
 //! - [`budget`]: the memory all clients' read buffers may hold together.
+//! - [`spare_box`]: boxes for a transaction's futures, their blocks kept per thread.
 //! - [`spare_buffers`]: forwarding buffers kept per thread between transactions.
 //! - [`abandon`]: a server connection its client left busy: cancelled,
 //!   drained and reused, or closed once its backend is gone.
@@ -29,6 +30,7 @@ pub(crate) mod params;
 pub mod peers;
 pub mod prepared;
 pub(crate) mod session;
+mod spare_box;
 mod spare_buffers;
 pub mod sql_scan;
 pub(crate) mod unnamed;

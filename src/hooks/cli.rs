@@ -140,7 +140,7 @@ pub fn run(config: &Config, command: HooksCommand) -> ExitCode {
                         ("application_name".to_string(), application_name),
                     ]
                     .into(),
-                    addr: std::net::SocketAddr::new(addr, 50000),
+                    addr: std::net::SocketAddr::new(addr, 50000).into(),
                     tls: None,
                     auth_method: config.auth.method.as_str(),
                     pool_mode,

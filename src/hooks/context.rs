@@ -1,8 +1,8 @@
 //! What hooks see and what they decide, per event.
 
+use crate::client_addr::ClientAddr;
 use crate::config::PoolMode;
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -86,7 +86,7 @@ pub struct ClientInfo {
     pub application_name: Arc<str>,
     /// The startup packet's parameters, as sent.
     pub startup: StartupParams,
-    pub addr: SocketAddr,
+    pub addr: ClientAddr,
     /// Boxed: most clients have none, and each idle client keeps this.
     pub tls: Option<Box<TlsInfo>>,
     /// The method's name (`AuthMethod::as_str`).

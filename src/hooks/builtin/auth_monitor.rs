@@ -13,6 +13,7 @@ use super::auth_store::AuthStore;
 use super::auth_store_state::{addr_key, merge_counters, role_key, Reset, RowKey};
 use super::{now_ms, timestamp, Table};
 use crate::auth::{AuthAttempt, AuthOutcome};
+use crate::client_addr::ClientHost;
 use crate::config::AuthMonitorConfig;
 use crate::hooks::roles::RoleCache;
 use crate::hooks::{Event, Hook, HookError};
@@ -111,9 +112,8 @@ impl AuthMonitor {
 
     /// Whether a login of `user` from `addr` is locked out: the error for
     /// the client, decided before any password is checked.
-    pub fn lockout_check(&self, user: &str, addr: IpAddr) -> Option<PgError> {
+    pub fn lockout_check(&self, user: &str, addr: ClientHost) -> Option<PgError> {
         let policy = self.lockout.as_ref()?;
-        let addr = addr.to_canonical();
         let oid = self.roles.snapshot().oid(user);
         let now = now_ms();
         let local = self.state.lock().locked(user, oid, addr, now, policy);
@@ -167,27 +167,29 @@ impl AuthMonitor {
         self.count(
             &attempt.user,
             attempt.user_exists,
-            attempt.client_addr.ip(),
+            attempt.client_addr.host(),
             kind,
         );
     }
 
     /// Counts a client refused by a hook (a blocking rule or a Lua hook)
     /// after it authenticated.
-    pub fn blocked(&self, user: &str, user_exists: bool, addr: IpAddr) {
+    pub fn blocked(&self, user: &str, user_exists: bool, addr: ClientHost) {
         metrics::counter!("usher_auth_mon_blocked_total", "reason" => "hook", "scope" => "role")
             .increment(1);
         self.count(user, user_exists, addr, Kind::Blocked);
     }
 
-    fn count(&self, user: &str, user_exists: bool, addr: IpAddr, kind: Kind) {
+    /// `addr` is canonical (IPv4-mapped IPv6 as IPv4), as
+    /// [`crate::client_addr::ClientAddr::host`] gives it.
+    fn count(&self, user: &str, user_exists: bool, addr: ClientHost, kind: Kind) {
         let oid = self.roles.snapshot().oid(user);
         let attempt = Attempt {
             user,
             // Known to usher's credentials, or a role on the server.
             known: user_exists || oid.is_some(),
             oid,
-            addr: addr.to_canonical(),
+            addr,
             kind,
             now: now_ms(),
         };
@@ -691,7 +693,7 @@ mod tests {
             user: user.into(),
             user_exists: exists,
             database: "app".into(),
-            client_addr: "10.0.0.1:5000".parse().unwrap(),
+            client_addr: crate::client_addr::ClientAddr::Tcp("10.0.0.1:5000".parse().unwrap()),
             method: "scram-sha-256".into(),
             outcome,
         }

@@ -8,6 +8,7 @@
 //! least interesting one (least recently tried role, least tried name,
 //! address with the fewest failures), never a locked one while others exist.
 
+use crate::client_addr::ClientHost;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -90,7 +91,7 @@ pub struct Counters {
     pub login_name_at_last_attempt: String,
     /// Refused by the lockout, a blocking rule or a hook.
     pub blocked_attempts: u64,
-    pub last_failed_addr: Option<IpAddr>,
+    pub last_failed_addr: Option<ClientHost>,
     pub last_attempt_ts: Millis,
     pub lock: Lock,
 }
@@ -101,7 +102,7 @@ pub struct Counters {
 pub struct NameRow {
     pub attempts: u64,
     pub last_attempt_ts: Millis,
-    pub last_addr: Option<IpAddr>,
+    pub last_addr: Option<ClientHost>,
     pub lock: Lock,
 }
 
@@ -148,7 +149,8 @@ pub struct Attempt<'a> {
     /// Whether usher (or the server) knows the user.
     pub known: bool,
     pub oid: Option<u32>,
-    pub addr: IpAddr,
+    /// A client of the Unix-domain socket (`Local`) has no address row.
+    pub addr: ClientHost,
     pub kind: Kind,
     pub now: Millis,
 }
@@ -253,8 +255,9 @@ impl State {
                 }
             }
         }
-        if a.kind != Kind::Success {
-            let row = self.addr_row(a.addr, a.now, limits, &mut fx);
+        // Local clients have no address: they are counted by role only.
+        if let (true, ClientHost::Ip(ip)) = (a.kind != Kind::Success, a.addr) {
+            let row = self.addr_row(ip, a.now, limits, &mut fx);
             row.last_user = user.to_string();
             if a.kind == Kind::Blocked {
                 row.blocked_attempts += 1;
@@ -267,7 +270,7 @@ impl State {
             {
                 if row.lock.fail(a.now, p) {
                     fx.engaged.push(Engaged::Address {
-                        addr: a.addr,
+                        addr: ip,
                         until: row.lock.locked_until.unwrap_or_default(),
                     });
                 }
@@ -281,12 +284,12 @@ impl State {
         &self,
         user: &str,
         oid: Option<u32>,
-        addr: IpAddr,
+        addr: ClientHost,
         now: Millis,
         policy: &LockoutPolicy,
     ) -> Option<Locked> {
-        if policy.by_address {
-            if let Some(until) = self.addresses.get(&addr).and_then(|r| r.lock.until(now)) {
+        if let (true, ClientHost::Ip(ip)) = (policy.by_address, addr) {
+            if let Some(until) = self.addresses.get(&ip).and_then(|r| r.lock.until(now)) {
                 return Some(Locked::Address { until });
             }
         }
@@ -631,7 +634,7 @@ mod tests {
             user: Box::leak(user.to_string().into_boxed_str()),
             known,
             oid: None,
-            addr: ip(addr),
+            addr: ip(addr).into(),
             kind,
             now,
         }
@@ -670,6 +673,31 @@ mod tests {
         let addr = &s.addresses[&ip("10.0.0.1")];
         assert_eq!((addr.failed_attempts, addr.blocked_attempts), (5, 1));
         assert_eq!(addr.last_user, "phantom");
+    }
+
+    #[test]
+    fn a_local_client_is_counted_by_role_and_never_locks_an_address() {
+        let mut s = State::default();
+        let local = |user, known, kind, now| Attempt {
+            addr: ClientHost::Local,
+            ..attempt(user, known, "10.0.0.1", kind, now)
+        };
+        for t in 0..5 {
+            s.record(&local("alice", true, WRONG, t), &LIMITS, Some(&POLICY));
+        }
+        s.record(&local("ghost", false, WRONG, 6), &LIMITS, Some(&POLICY));
+        assert!(s.addresses.is_empty(), "{:?}", s.addresses);
+        let a = &s.roles[&RoleKey::Name("alice".into())];
+        assert_eq!(a.last_failed_addr, Some(ClientHost::Local));
+        assert_eq!(s.unknown_names["ghost"].last_addr, Some(ClientHost::Local));
+        assert!(matches!(
+            s.locked("alice", None, ClientHost::Local, 10, &POLICY),
+            Some(Locked::Role { .. })
+        ));
+        assert_eq!(
+            s.locked("carol", None, ClientHost::Local, 10, &POLICY),
+            None
+        );
     }
 
     #[test]
@@ -736,7 +764,10 @@ mod tests {
         s.record(&attempt("alice", true, "10.0.0.1", WRONG, 0), &LIMITS, p);
         s.record(&attempt("alice", true, "10.0.0.2", WRONG, 500), &LIMITS, p);
         s.record(&attempt("alice", true, "10.0.0.3", WRONG, 1500), &LIMITS, p);
-        assert_eq!(s.locked("alice", None, ip("10.0.0.4"), 1600, &POLICY), None);
+        assert_eq!(
+            s.locked("alice", None, ip("10.0.0.4").into(), 1600, &POLICY),
+            None
+        );
         s.record(&attempt("alice", true, "10.0.0.3", WRONG, 1700), &LIMITS, p);
         let fx = s.record(&attempt("alice", true, "10.0.0.3", WRONG, 1800), &LIMITS, p);
         assert_eq!(
@@ -753,11 +784,11 @@ mod tests {
             ]
         );
         assert_eq!(
-            s.locked("alice", None, ip("10.9.9.9"), 2000, &POLICY),
+            s.locked("alice", None, ip("10.9.9.9").into(), 2000, &POLICY),
             Some(Locked::Role { until: 6800 })
         );
         assert_eq!(
-            s.locked("bob", None, ip("10.0.0.3"), 2000, &POLICY),
+            s.locked("bob", None, ip("10.0.0.3").into(), 2000, &POLICY),
             Some(Locked::Address { until: 6800 })
         );
         // Blocked attempts while locked do not extend it.
@@ -766,7 +797,10 @@ mod tests {
             &LIMITS,
             p,
         );
-        assert_eq!(s.locked("alice", None, ip("10.9.9.9"), 6800, &POLICY), None);
+        assert_eq!(
+            s.locked("alice", None, ip("10.9.9.9").into(), 6800, &POLICY),
+            None
+        );
         // A success starts the count over.
         s.record(&attempt("bob", true, "10.0.0.5", WRONG, 7000), &LIMITS, p);
         s.record(&attempt("bob", true, "10.0.0.5", WRONG, 7001), &LIMITS, p);
@@ -776,7 +810,10 @@ mod tests {
             p,
         );
         s.record(&attempt("bob", true, "10.0.0.7", WRONG, 7003), &LIMITS, p);
-        assert_eq!(s.locked("bob", None, ip("10.9.9.9"), 7004, &POLICY), None);
+        assert_eq!(
+            s.locked("bob", None, ip("10.9.9.9").into(), 7004, &POLICY),
+            None
+        );
     }
 
     #[test]
@@ -795,10 +832,10 @@ mod tests {
             );
         }
         assert_eq!(
-            s.locked("ghost", None, ip("10.0.0.1"), 10, &p),
+            s.locked("ghost", None, ip("10.0.0.1").into(), 10, &p),
             Some(Locked::Role { until: 5002 })
         );
-        assert_eq!(s.locked("other", None, ip("10.0.0.1"), 10, &p), None);
+        assert_eq!(s.locked("other", None, ip("10.0.0.1").into(), 10, &p), None);
     }
 
     #[test]

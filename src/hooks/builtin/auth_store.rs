@@ -23,12 +23,12 @@ use super::auth_store_state::{
 };
 use super::{now_ms, timestamp, Table};
 use crate::backend::server_stream;
+use crate::client_addr::ClientHost;
 use crate::config::{AuthStoreConfig, Config, ConfigIssue};
 use crate::tls::ServerTls;
 use arc_swap::ArcSwapOption;
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -221,7 +221,8 @@ impl AuthStore {
         a: &Attempt<'_>,
         local: &[Engaged],
     ) -> Vec<Engaged> {
-        let (addr, now) = (a.addr, a.now);
+        // A local client has no address key: it is counted by role only.
+        let (ip, now) = (a.addr.ip(), a.now);
         let max = self.max_pending;
         let mut engaged = Vec::new();
         let view = self.view.load();
@@ -251,8 +252,8 @@ impl AuthStore {
                 if p.by_role && !user.is_empty() {
                     keys.push(role_key(user));
                 }
-                if p.by_address {
-                    keys.push(addr_key(addr));
+                if let (true, Some(ip)) = (p.by_address, ip) {
+                    keys.push(addr_key(ip));
                 }
                 for key in keys {
                     pending.add_failure(&key, slot, 1, max);
@@ -289,7 +290,10 @@ impl AuthStore {
                             user: user.to_string(),
                             until,
                         },
-                        Scope::Addr => Engaged::Address { addr, until },
+                        Scope::Addr => match ip {
+                            Some(addr) => Engaged::Address { addr, until },
+                            None => continue,
+                        },
                     });
                 }
             }
@@ -299,10 +303,10 @@ impl AuthStore {
     }
 
     /// Whether a lock engaged by any instance refuses `user` from `addr`.
-    pub fn locked(&self, user: &str, addr: IpAddr, now: Millis) -> Option<Locked> {
+    pub fn locked(&self, user: &str, addr: ClientHost, now: Millis) -> Option<Locked> {
         let p = self.policy.as_ref()?;
-        if p.by_address {
-            if let Some(until) = self.lock_until(&addr_key(addr), now) {
+        if let (true, ClientHost::Ip(ip)) = (p.by_address, addr) {
+            if let Some(until) = self.lock_until(&addr_key(ip), now) {
                 return Some(Locked::Address { until });
             }
         }

@@ -236,7 +236,8 @@ impl Blocking {
     /// The first rule that matches the client: the rules it was checked
     /// against and the rule's index in them.
     async fn first_match(&self, c: &ClientInfo) -> Result<Option<(Arc<Policy>, usize)>, HookError> {
-        let addr = c.addr.ip().to_canonical();
+        // None for a client of the Unix-domain socket.
+        let addr = c.addr.ip().map(|ip| ip.to_canonical());
         let policy = self.policy.load_full();
         for (i, rule) in policy.rules.iter().enumerate() {
             if rule.matches_cheaply(c, addr) && self.member_of_matches(rule, &c.user).await? {
@@ -284,13 +285,15 @@ impl Blocking {
 
 impl Rule {
     /// Every condition but membership (which may need the server).
-    fn matches_cheaply(&self, c: &ClientInfo, addr: IpAddr) -> bool {
+    /// A rule with `addresses` never matches a local client (`addr` None).
+    fn matches_cheaply(&self, c: &ClientInfo, addr: Option<IpAddr>) -> bool {
         let any =
             |globs: &[WildMatch], s: &str| globs.is_empty() || globs.iter().any(|g| g.matches(s));
         any(&self.users, &c.user)
             && any(&self.databases, &c.database)
             && any(&self.application_names, &c.application_name)
-            && (self.addresses.is_empty() || self.addresses.iter().any(|n| n.contains(&addr)))
+            && (self.addresses.is_empty()
+                || addr.is_some_and(|a| self.addresses.iter().any(|n| n.contains(&a))))
             && self.tls.is_none_or(|t| t == c.tls.is_some())
     }
 
@@ -460,7 +463,7 @@ mod tests {
             database: db.into(),
             application_name: app.into(),
             startup: Default::default(),
-            addr: format!("{addr}:5000").parse().unwrap(),
+            addr: crate::client_addr::ClientAddr::Tcp(format!("{addr}:5000").parse().unwrap()),
             tls: tls.then(Default::default),
             auth_method: "scram-sha-256",
             pool_mode: PoolMode::Transaction,
@@ -537,6 +540,32 @@ blocking:
             .collect();
         assert_eq!(matches["ops-ok"], "1");
         assert_eq!(matches["rule2"], "2");
+    }
+
+    #[tokio::test]
+    async fn a_rule_with_addresses_never_matches_a_local_client() {
+        let b = blocking(
+            "blocking:\n  rules:\n    - { action: deny, addresses: 0.0.0.0/0 }\n    - { action: deny, users: bob }\n",
+            false,
+        )
+        .unwrap();
+        let local = |user: &str| ClientInfo {
+            addr: crate::client_addr::ClientAddr::Local(crate::client_addr::LocalPeer {
+                uid: 0,
+                gid: 0,
+                pid: None,
+                port: 6432,
+            }),
+            ..client(user, "app", "127.0.0.1", "", false)
+        };
+        assert!(decide(&b, &client("alice", "app", "10.0.0.1", "", false))
+            .await
+            .is_some());
+        assert!(decide(&b, &local("alice")).await.is_none());
+        assert!(
+            decide(&b, &local("bob")).await.is_some(),
+            "a rule without addresses does"
+        );
     }
 
     #[test]

@@ -81,8 +81,9 @@ pub(super) fn client_blob(c: &ClientInfo) -> Vec<u8> {
     item(&mut blob, c.user.as_bytes());
     item(&mut blob, c.database.as_bytes());
     item(&mut blob, c.application_name.as_bytes());
+    // `unix` for a client of the Unix-domain socket (SHOW CLIENTS' addr).
     match c.addr.ip() {
-        std::net::IpAddr::V4(ip) => {
+        Some(std::net::IpAddr::V4(ip)) => {
             let mut text = Vec::with_capacity(15);
             for (i, octet) in ip.octets().into_iter().enumerate() {
                 if i > 0 {
@@ -92,7 +93,8 @@ pub(super) fn client_blob(c: &ClientInfo) -> Vec<u8> {
             }
             item(&mut blob, &text);
         }
-        ip => item(&mut blob, ip.to_string().as_bytes()),
+        Some(ip) => item(&mut blob, ip.to_string().as_bytes()),
+        None => item(&mut blob, crate::client_addr::UNIX_SHOWN.as_bytes()),
     }
     uint_item(&mut blob, c.addr.port().into());
     item(&mut blob, c.auth_method.as_bytes());
@@ -158,7 +160,7 @@ pub(super) fn auth_attempt_fields(lua: &Lua, a: &AuthAttempt) -> mlua::Result<Op
     t.raw_set("user", a.user.as_str())?;
     t.raw_set("user_exists", a.user_exists)?;
     t.raw_set("database", a.database.as_str())?;
-    t.raw_set("client_addr", a.client_addr.ip().to_string())?;
+    t.raw_set("client_addr", a.client_addr.shown())?;
     t.raw_set("client_port", a.client_addr.port())?;
     t.raw_set("method", a.method.as_str())?;
     t.raw_set("outcome", a.outcome.as_str())?;

@@ -759,7 +759,7 @@ end
                 ("application_name".to_string(), "psql".to_string()),
             ]
             .into(),
-            addr: "10.1.2.3:5000".parse().unwrap(),
+            addr: crate::client_addr::ClientAddr::Tcp("10.1.2.3:5000".parse().unwrap()),
             tls: None,
             auth_method: "scram-sha-256",
             pool_mode: crate::config::PoolMode::Transaction,
@@ -1174,9 +1174,19 @@ end
         let h = hook("function client_connection(ctx) ctx:set('who', ctx.user .. '@' .. ctx.client_addr .. ':' .. ctx.client_port) end");
         let mut bob = client();
         bob.user = "bob".into();
-        bob.addr = "[::1]:6000".parse().unwrap();
+        bob.addr = crate::client_addr::ClientAddr::Tcp("[::1]:6000".parse().unwrap());
+        // A client of the Unix-domain socket: `unix` and the socket's port.
+        let mut carol = client();
+        carol.user = "carol".into();
+        carol.addr = crate::client_addr::ClientAddr::Local(crate::client_addr::LocalPeer {
+            uid: 1000,
+            gid: 1000,
+            pid: Some(4242),
+            port: 6432,
+        });
         let mut vars = super::super::Vars::new();
         for (c, who) in [
+            (&carol, "carol@unix:6432"),
             (&bob, "bob@::1:6000"),
             (&client(), "alice@10.1.2.3:5000"),
             (&client(), "alice@10.1.2.3:5000"),

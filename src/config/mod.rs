@@ -12,6 +12,7 @@ pub mod reload_guard;
 pub mod security;
 mod servers;
 pub mod settings;
+pub mod unix_socket;
 
 pub use builtins::{
     AuthMonitorConfig, AuthStoreConfig, BlockAction, BlockRuleConfig, BlockingConfig,
@@ -20,6 +21,7 @@ pub use builtins::{
 pub use peering::PeerConfig;
 pub use security::{HbaMethod, HbaRuleConfig, HbaType, ServerTlsMode, TlsConfig, TlsMode};
 pub use servers::{is_socket_dir, HostSpec, TargetSessionAttrs};
+pub use unix_socket::SocketMode;
 
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -187,6 +189,17 @@ pub struct Config {
     /// usher may bind the same address (a rolling restart).
     #[serde(default = "defaults::so_reuseport")]
     pub so_reuseport: bool,
+    /// A Unix-domain socket for clients in this directory:
+    /// `.s.PGSQL.<port>`, with the port of `listen`, so that
+    /// `psql -h <dir> -p <port>` finds it. None: no socket.
+    #[serde(default)]
+    pub unix_socket_dir: Option<std::path::PathBuf>,
+    /// The socket file's permissions.
+    #[serde(default = "defaults::unix_socket_mode")]
+    pub unix_socket_mode: SocketMode,
+    /// The socket file's group (a name or a number); none: usher's own.
+    #[serde(default)]
+    pub unix_socket_group: Option<String>,
     /// This instance's id among its peers (1..=16383); 0: peering off.
     #[serde(default = "defaults::peer_id")]
     pub peer_id: u16,
@@ -489,6 +502,7 @@ mod defaults {
     settings::defaults_from_table! {
         listen: std::net::SocketAddr = "listen";
         so_reuseport: bool = "so_reuseport";
+        unix_socket_mode: super::SocketMode = "unix_socket_mode";
         peer_id: u16 = "peer_id";
         max_client_conn: usize = "max_client_conn";
         pool_mode: super::PoolMode = "pool_mode";
@@ -712,6 +726,7 @@ impl Config {
         }
         check_log_level(&self.log.level)?;
         peering::validate(self.peer_id, &self.peers)?;
+        unix_socket::validate(self)?;
         for (key, v) in [
             ("query_wait_timeout", self.query_wait_timeout),
             ("server_connect_timeout", self.server_connect_timeout),

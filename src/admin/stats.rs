@@ -449,6 +449,8 @@ fn shown_value(c: &Config, hooks_enabled: bool, key: &str) -> Option<String> {
         "server_reset_query" => c.server_reset_query.clone(),
         "query_wait_timeout" => c.query_wait_timeout.to_string(),
         "server_connect_timeout" => c.server_connect_timeout.to_string(),
+        "server_login_retry" => c.server_login_retry.to_string(),
+        "server_fast_fail" => c.server_fast_fail.to_string(),
         "client_idle_timeout" => c.client_idle_timeout.to_string(),
         "idle_transaction_timeout" => c.idle_transaction_timeout.to_string(),
         "server_idle_timeout" => c.server_idle_timeout.to_string(),
@@ -546,6 +548,8 @@ mod tests {
                 "server_reset_query|DISCARD ALL|DISCARD ALL|yes",
                 "query_wait_timeout|120|120|yes",
                 "server_connect_timeout|15|15|yes",
+                "server_login_retry|15|15|yes",
+                "server_fast_fail|false|false|yes",
                 "client_idle_timeout|0|0|yes",
                 "idle_transaction_timeout|0|0|yes",
                 "server_idle_timeout|600|600|yes",
@@ -574,7 +578,7 @@ mod tests {
              max_auth_clients_per_address: 2\nworkers: 3\nso_reuseport: true\npeer_id: 4\n\
              unix_socket_dir: /run/usher\nunix_socket_mode: 0660\nunix_socket_group: usher\npool_mode: session\npool_size: 7\n\
              min_pool_size: 1\nserver_reset_query: ''\nquery_wait_timeout: 1.5\n\
-             server_connect_timeout: 2\nclient_idle_timeout: 3\nidle_transaction_timeout: 4\n\
+             server_connect_timeout: 2\nserver_login_retry: 2.5\nserver_fast_fail: true\nclient_idle_timeout: 3\nidle_transaction_timeout: 4\n\
              server_idle_timeout: 5\nserver_lifetime: 6\nserver_check_delay: 0\n\
              autodb_idle_timeout: 7\n\
              auth_timeout: 8\nshutdown_timeout: 9\nmax_message_size: 2048\n\
@@ -608,6 +612,8 @@ mod tests {
                 "",
                 "1.5",
                 "2",
+                "2.5",
+                "true",
                 "3",
                 "4",
                 "5",

@@ -95,6 +95,9 @@ pub const SETTINGS: &[SettingSpec] = &[
     s("server_reset_query", Value("DISCARD ALL"), Live, SHOW),
     s("query_wait_timeout", Value("120"), Live, SHOW),
     s("server_connect_timeout", Value("15"), Live, SHOW),
+    // Read at each failed attempt to open a server connection.
+    s("server_login_retry", Value("15"), Live, SHOW),
+    s("server_fast_fail", Value("false"), Live, SHOW),
     s("client_idle_timeout", Value("0"), Live, SHOW),
     s("idle_transaction_timeout", Value("0"), Live, SHOW),
     s("server_idle_timeout", Value("600"), Live, SHOW),

@@ -46,6 +46,7 @@ mod pinning;
 mod pooling;
 mod prepared;
 mod protocol;
+mod server_restarts;
 mod server_socket;
 mod session_state;
 mod settings;

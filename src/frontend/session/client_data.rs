@@ -59,10 +59,11 @@ impl Session {
                     // would otherwise hold 16 MiB, and empty the spare lists.
                     spare_buffers::shrink_to_fit(&mut fwd.in_buf);
                 }
-                // Boxed (one allocation per transaction): checkout, the
-                // parameter sync and session mode's hooks make a future of
-                // a few KB that would otherwise sit in every idle client.
-                let checkout = Box::pin(self.begin_transaction(client))
+                // Boxed (in a block kept on this thread: no allocation):
+                // checkout, the parameter sync and session mode's hooks
+                // make a future of a few KB that would otherwise sit in
+                // every idle client.
+                let checkout = SpareBox::new(self.begin_transaction(client))
                     .await
                     .map_err(LoopEnd::Error)?;
                 fwd.held = Some(checkout);

@@ -27,6 +27,7 @@ use super::deps::SessionDeps;
 use super::flow::{self, ClientStep, Flow, Note, PinStep, ServerStep};
 use super::params::{canonical_name, SessionParams};
 use super::prepared::{self, ClientStatements, Rewriter};
+use super::spare_box::SpareBox;
 use super::spare_buffers;
 use super::sql_scan::{PinKinds, Reset};
 use crate::backend::server_params::SERVER_SET;
@@ -280,7 +281,8 @@ impl Session {
     /// holds the boxed session, the boxed stream, and either the small wait
     /// of an idle client ([`Session::parked`]) or a boxed busy phase
     /// ([`Session::busy`]: forwarding, its buffers and decisions), which is
-    /// freed whenever the client is idle again.
+    /// given up whenever the client is idle again (its block kept on the
+    /// thread for the next busy phase: [`SpareBox`]).
     pub fn serve(
         mut self: Box<Self>,
         client: ClientStream,
@@ -295,7 +297,7 @@ impl Session {
         let mut phase = Box::pin(self.begin(client)).await;
         loop {
             phase = match phase {
-                Phase::Busy => Box::pin(self.busy(client)).await,
+                Phase::Busy => SpareBox::new(self.busy(client)).await,
                 Phase::Parked => self.parked(client).await,
                 Phase::Ended => return,
             };

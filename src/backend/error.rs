@@ -174,6 +174,52 @@ impl ConnectError {
     }
 }
 
+impl ConnectError {
+    /// Whether trying again later may succeed: the server could not be
+    /// reached or was not taking connections (starting up, shutting down,
+    /// out of connection slots), the connection broke during the login,
+    /// or no host fit the target (a promotion may come). A refusal, a TLS
+    /// or protocol problem, a secret usher lacks: no.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            ConnectError::Timeout { .. }
+            | ConnectError::Unreachable { .. }
+            | ConnectError::NoHost { .. }
+            | ConnectError::Wire(WireError::Lost(_) | WireError::Closed) => true,
+            ConnectError::Tls {
+                step: TlsStep::Request(e) | TlsStep::Answer(e) | TlsStep::Handshake(e),
+                ..
+            } => io_transient(e),
+            // 57P01-03: shutting down, crashed, starting up or shutting
+            // down; 53xxx: too many connections, out of resources; 08xxx:
+            // the server's own account of a broken connection.
+            ConnectError::Refused(e) => ["57P", "53", "08"].iter().any(|p| e.code.starts_with(p)),
+            _ => false,
+        }
+    }
+
+    /// No host fit the target, but some answered: a promotion (or a
+    /// demotion) is awaited.
+    pub fn awaits_promotion(&self) -> bool {
+        matches!(self, ConnectError::NoHost { unfit: true, .. })
+    }
+}
+
+/// An I/O error of a connection that the other side ended (a server going
+/// down), rather than one about what was said (a certificate).
+fn io_transient(e: &io::Error) -> bool {
+    use io::ErrorKind::*;
+    matches!(
+        e.kind(),
+        ConnectionReset
+            | ConnectionAborted
+            | ConnectionRefused
+            | UnexpectedEof
+            | BrokenPipe
+            | TimedOut
+    )
+}
+
 impl fmt::Display for ConnectError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

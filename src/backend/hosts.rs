@@ -13,9 +13,12 @@
 //!   last seen read-only.
 //!
 //! The plan never leaves a connection with nothing to try: hosts in
-//! back-off are skipped only while another host may be tried, and a host
-//! that did not fit the target is tried after those that may, not skipped
-//! (it may have been promoted since). One host and `target: any` is the
+//! back-off are skipped only while a host that may fit can be tried (after
+//! those that did not fit last time otherwise: a primary restarting beside
+//! its standby is tried at every attempt of the pool's outage, not only
+//! once its back-off ends), and a host that did not fit the target is
+//! tried after those that may, not skipped (it may have been promoted
+//! since). One host and `target: any` is the
 //! path of a single server: no plan, no memory (connect.rs).
 
 use super::{QueryError, ServerConn};
@@ -148,7 +151,7 @@ impl ServerHosts {
     /// The hosts to try for one connection, best first (indices into
     /// [`ServerHosts::list`]): from the rotation's start (or the first),
     /// those that may fit, then those that did not fit when last seen,
-    /// and the hosts in back-off only if nothing else is left.
+    /// and the hosts in back-off only if none may fit.
     pub fn plan(&self, now: Instant) -> Vec<usize> {
         let n = self.list.len();
         if n == 1 {
@@ -170,10 +173,11 @@ impl ServerHosts {
                 fitting.push(i);
             }
         }
-        fitting.append(&mut unfit);
         if fitting.is_empty() {
-            down
+            unfit.append(&mut down);
+            unfit
         } else {
+            fitting.append(&mut unfit);
             fitting
         }
     }
@@ -310,10 +314,14 @@ mod tests {
         let ro = ServerHosts::new(h.list.clone(), ReadOnly, false, h.health.clone());
         h.connected(1, Some(false), true);
         assert_eq!(ro.plan(now), vec![0, 2, 1]);
-        // A host down and one unfit: the unfit one is still tried.
+        // A host down and the others unfit: the unfit ones are tried,
+        // then the one down (a primary restarting beside its standbys).
         h.failed(1, now);
         h.connected(2, Some(true), false);
-        assert_eq!(h.plan(now), vec![0, 2]);
+        assert_eq!(h.plan(now), vec![0, 2, 1]);
+        // With a host that may fit, the one down is skipped.
+        h.connected(2, Some(false), true);
+        assert_eq!(h.plan(now), vec![2, 0]);
     }
 
     #[test]

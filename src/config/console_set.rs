@@ -103,6 +103,8 @@ fn assign(
         "server_reset_query" => put!(c.server_reset_query),
         "query_wait_timeout" => put!(c.query_wait_timeout),
         "server_connect_timeout" => put!(c.server_connect_timeout),
+        "server_login_retry" => put!(c.server_login_retry),
+        "server_fast_fail" => put!(c.server_fast_fail),
         "client_idle_timeout" => put!(c.client_idle_timeout),
         "idle_transaction_timeout" => put!(c.idle_transaction_timeout),
         "server_idle_timeout" => put!(c.server_idle_timeout),

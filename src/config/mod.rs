@@ -12,6 +12,7 @@ pub mod reload_guard;
 pub mod security;
 mod servers;
 pub mod settings;
+pub mod unix_socket;
 
 pub use builtins::{
     AuthMonitorConfig, AuthStoreConfig, BlockAction, BlockRuleConfig, BlockingConfig,
@@ -20,6 +21,7 @@ pub use builtins::{
 pub use peering::PeerConfig;
 pub use security::{HbaMethod, HbaRuleConfig, HbaType, ServerTlsMode, TlsConfig, TlsMode};
 pub use servers::{is_socket_dir, HostSpec, TargetSessionAttrs};
+pub use unix_socket::SocketMode;
 
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -168,6 +170,15 @@ pub struct Config {
     /// Seconds to open and log in a server connection.
     #[serde(default = "defaults::server_connect_timeout")]
     pub server_connect_timeout: f64,
+    /// The longest pause, in seconds, between a pool's attempts to open a
+    /// server connection while they fail (the pauses grow to it).
+    #[serde(default = "defaults::server_login_retry")]
+    pub server_login_retry: f64,
+    /// While a pool's attempts to open a server connection fail, a client
+    /// that needs one gets the error at once (PgBouncer's behaviour)
+    /// instead of waiting for the server to come back.
+    #[serde(default = "defaults::server_fast_fail")]
+    pub server_fast_fail: bool,
     /// Seconds a client has to send its startup packet and authenticate.
     #[serde(default = "defaults::auth_timeout")]
     pub auth_timeout: f64,
@@ -187,6 +198,17 @@ pub struct Config {
     /// usher may bind the same address (a rolling restart).
     #[serde(default = "defaults::so_reuseport")]
     pub so_reuseport: bool,
+    /// A Unix-domain socket for clients in this directory:
+    /// `.s.PGSQL.<port>`, with the port of `listen`, so that
+    /// `psql -h <dir> -p <port>` finds it. None: no socket.
+    #[serde(default)]
+    pub unix_socket_dir: Option<std::path::PathBuf>,
+    /// The socket file's permissions.
+    #[serde(default = "defaults::unix_socket_mode")]
+    pub unix_socket_mode: SocketMode,
+    /// The socket file's group (a name or a number); none: usher's own.
+    #[serde(default)]
+    pub unix_socket_group: Option<String>,
     /// This instance's id among its peers (1..=16383); 0: peering off.
     #[serde(default = "defaults::peer_id")]
     pub peer_id: u16,
@@ -489,6 +511,7 @@ mod defaults {
     settings::defaults_from_table! {
         listen: std::net::SocketAddr = "listen";
         so_reuseport: bool = "so_reuseport";
+        unix_socket_mode: super::SocketMode = "unix_socket_mode";
         peer_id: u16 = "peer_id";
         max_client_conn: usize = "max_client_conn";
         pool_mode: super::PoolMode = "pool_mode";
@@ -499,6 +522,8 @@ mod defaults {
         client_idle_timeout: f64 = "client_idle_timeout";
         idle_transaction_timeout: f64 = "idle_transaction_timeout";
         server_connect_timeout: f64 = "server_connect_timeout";
+        server_login_retry: f64 = "server_login_retry";
+        server_fast_fail: bool = "server_fast_fail";
         auth_timeout: f64 = "auth_timeout";
         client_message_timeout: f64 = "client_message_timeout";
         shutdown_timeout: f64 = "shutdown_timeout";
@@ -712,9 +737,11 @@ impl Config {
         }
         check_log_level(&self.log.level)?;
         peering::validate(self.peer_id, &self.peers)?;
+        unix_socket::validate(self)?;
         for (key, v) in [
             ("query_wait_timeout", self.query_wait_timeout),
             ("server_connect_timeout", self.server_connect_timeout),
+            ("server_login_retry", self.server_login_retry),
             ("auth_timeout", self.auth_timeout),
             ("shutdown_timeout", self.shutdown_timeout),
             ("client_message_timeout", self.client_message_timeout),
@@ -1001,6 +1028,8 @@ impl Config {
             server_idle_timeout: secs(pick(|d| d.server_idle_timeout, self.server_idle_timeout)),
             server_lifetime: secs(pick(|d| d.server_lifetime, self.server_lifetime)),
             server_check_delay: Duration::from_secs_f64(self.server_check_delay),
+            server_login_retry: Duration::from_secs_f64(self.server_login_retry),
+            server_fast_fail: self.server_fast_fail,
             server_reset_query: self.server_reset_query.clone(),
             prepared_statements: self.prepared_statements,
             pinning: d.and_then(|d| d.pinning).unwrap_or(self.pinning),
@@ -1050,6 +1079,12 @@ pub struct PoolLimits {
     pub server_idle_timeout: Option<Duration>,
     pub server_lifetime: Option<Duration>,
     pub server_check_delay: Duration,
+    /// The longest pause between attempts to open a server connection
+    /// while they fail.
+    pub server_login_retry: Duration,
+    /// While opening server connections fails, clients get the error at
+    /// once instead of waiting.
+    pub server_fast_fail: bool,
     pub server_reset_query: String,
     pub prepared_statements: usize,
     /// The database is reached through the fallback entry (not listed):

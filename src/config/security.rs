@@ -127,7 +127,7 @@ impl fmt::Display for ServerTlsMode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum HbaType {
-    /// Unix socket: usher listens on TCP only, so these never match.
+    /// Clients of the Unix-domain socket (`unix_socket_dir`).
     Local,
     Host,
     HostSsl,

@@ -79,6 +79,10 @@ pub const SETTINGS: &[SettingSpec] = &[
     // the cancel keys already given out depend on these two.
     s("so_reuseport", Value("false"), Restart, SHOW),
     s("peer_id", Value("0"), Restart, SHOW),
+    // The Unix-domain socket is made once, at start (src/unix_listen.rs).
+    s("unix_socket_dir", Text("none"), Restart, SHOW),
+    s("unix_socket_mode", Value("0777"), Restart, SHOW),
+    s("unix_socket_group", Text("none"), Restart, SHOW),
     // Cancels forwarded after the reload use the new list.
     s("peers", Text("none"), Live, HIDE),
     s("peers.id", Text("none"), Live, HIDE),
@@ -91,6 +95,9 @@ pub const SETTINGS: &[SettingSpec] = &[
     s("server_reset_query", Value("DISCARD ALL"), Live, SHOW),
     s("query_wait_timeout", Value("120"), Live, SHOW),
     s("server_connect_timeout", Value("15"), Live, SHOW),
+    // Read at each failed attempt to open a server connection.
+    s("server_login_retry", Value("15"), Live, SHOW),
+    s("server_fast_fail", Value("false"), Live, SHOW),
     s("client_idle_timeout", Value("0"), Live, SHOW),
     s("idle_transaction_timeout", Value("0"), Live, SHOW),
     s("server_idle_timeout", Value("600"), Live, SHOW),

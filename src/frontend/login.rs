@@ -584,7 +584,8 @@ impl Drop for PoolClaim<'_> {
 }
 
 /// Picks the method for this connection, or refuses it: TLS when
-/// `tls.mode` is require, then the HBA rules (or `auth.method` without them).
+/// `tls.mode` is require (TCP clients only), then the HBA rules (or
+/// `auth.method` without them).
 async fn choose_method(
     snapshot: &ConfigSnapshot,
     tls: bool,
@@ -594,7 +595,12 @@ async fn choose_method(
 ) -> Result<AuthMethod, (AuthOutcome, PgError)> {
     // As the messages quote them.
     let (u, d) = (shown_name(user), shown_name(database));
-    if !tls && snapshot.client_tls.as_ref().map(|t| t.mode) == Some(TlsMode::Require) {
+    // The Unix-domain socket never crosses a network (and has no TLS):
+    // `require` is about TCP clients.
+    if !tls
+        && host != ClientHost::Local
+        && snapshot.client_tls.as_ref().map(|t| t.mode) == Some(TlsMode::Require)
+    {
         let e = PgError::fatal(
             sqlstate::INVALID_AUTHORIZATION,
             format!(
@@ -672,7 +678,8 @@ async fn startup(
             None => return Ok(None),
             Some(StartupPacket::SslRequest) if !ssl_done => {
                 ssl_done = true;
-                match &snapshot.client_tls {
+                // No TLS on the Unix-domain socket, as in PostgreSQL.
+                match snapshot.client_tls.as_ref().filter(|_| !stream.is_unix()) {
                     Some(tls) => {
                         stream.write_all(b"S").await.map_err(gone)?;
                         refuse_read_ahead(stream, "SSL request")?;

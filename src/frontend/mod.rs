@@ -75,7 +75,19 @@ impl From<crate::pool::CheckoutError> for PgError {
                 )
                 .with_detail(detail)
             }
-            CheckoutError::Connect(e) => e.into(),
+            CheckoutError::Connect(e) => connect_error(&e),
+            CheckoutError::ServerDown { error, waited } => {
+                let mut e = connect_error(&error);
+                let waited = format!(
+                    "usher could not open a server connection for {:.1}s (query_wait_timeout)",
+                    waited.as_secs_f64()
+                );
+                e.detail = Some(match e.detail.take() {
+                    Some(detail) => format!("{detail}; {waited}"),
+                    None => waited,
+                });
+                e
+            }
         }
     }
 }
@@ -84,24 +96,29 @@ impl From<crate::pool::CheckoutError> for PgError {
 /// server's own refusal (its fields, as FATAL), or usher's account of it.
 impl From<crate::backend::ConnectError> for PgError {
     fn from(e: crate::backend::ConnectError) -> PgError {
-        match e {
-            crate::backend::ConnectError::Refused(e) => PgError {
-                severity: Severity::Fatal,
-                code: e.code,
-                message: e.message,
-                detail: e.detail,
-                hint: e.hint,
-            },
-            crate::backend::ConnectError::NoSecret { has, hint, .. } => {
-                PgError::fatal(e.sqlstate(), e.to_string())
-                    .with_detail(format!("usher has {has}"))
-                    .with_hint(hint)
-            }
-            crate::backend::ConnectError::NoHost { ref tried, .. } => {
-                PgError::fatal(e.sqlstate(), e.to_string()).with_detail(tried.join("; "))
-            }
-            e => PgError::fatal(e.sqlstate(), e.to_string()),
+        connect_error(&e)
+    }
+}
+
+/// See `From<ConnectError> for PgError` (an error may be shared by the
+/// clients that waited for the attempt that met it).
+fn connect_error(e: &crate::backend::ConnectError) -> PgError {
+    use crate::backend::ConnectError;
+    match e {
+        ConnectError::Refused(e) => PgError {
+            severity: Severity::Fatal,
+            code: e.code.clone(),
+            message: e.message.clone(),
+            detail: e.detail.clone(),
+            hint: e.hint.clone(),
+        },
+        ConnectError::NoSecret { has, hint, .. } => PgError::fatal(e.sqlstate(), e.to_string())
+            .with_detail(format!("usher has {has}"))
+            .with_hint(*hint),
+        ConnectError::NoHost { tried, .. } => {
+            PgError::fatal(e.sqlstate(), e.to_string()).with_detail(tried.join("; "))
         }
+        e => PgError::fatal(e.sqlstate(), e.to_string()),
     }
 }
 
@@ -158,7 +175,7 @@ mod tests {
     use std::io;
 
     fn told(e: ConnectError) -> (Severity, String, String) {
-        let e = PgError::from(CheckoutError::Connect(e));
+        let e = PgError::from(CheckoutError::Connect(e.into()));
         (e.severity, e.code, e.message)
     }
 
@@ -306,7 +323,9 @@ mod tests {
             detail: Some("d".into()),
             hint: Some("h".into()),
         };
-        let e = PgError::from(CheckoutError::Connect(ConnectError::Refused(refusal)));
+        let e = PgError::from(CheckoutError::Connect(
+            ConnectError::Refused(refusal).into(),
+        ));
         assert_eq!(
             e,
             PgError::fatal("3D000", "database \"gone\" does not exist")
@@ -335,11 +354,14 @@ mod tests {
             (ReadWrite, false, "could not connect to any host"),
             (Any, false, "could not connect to any host"),
         ] {
-            let e = PgError::from(CheckoutError::Connect(ConnectError::NoHost {
-                target,
-                unfit,
-                tried: tried(),
-            }));
+            let e = PgError::from(CheckoutError::Connect(
+                ConnectError::NoHost {
+                    target,
+                    unfit,
+                    tried: tried(),
+                }
+                .into(),
+            ));
             assert_eq!(
                 e,
                 PgError::fatal("08001", message)

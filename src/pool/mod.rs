@@ -20,6 +20,7 @@
 //! move keeps its server connection; at most `max_pinned` such clients per
 //! pool (0: no cap), counted in `PoolStats::pinned` and a gauge.
 
+mod outage;
 mod pool_stats;
 mod registry;
 mod slots;
@@ -27,6 +28,7 @@ mod slots;
 pub use pool_stats::PoolStats;
 pub use registry::Pools;
 
+use outage::{Outage, Turn};
 use pool_stats::Waiting;
 use slots::{Lease, NoSlot, Pooled, Slot, Slots};
 
@@ -75,6 +77,9 @@ pub struct Pool {
     handoffs: Mutex<VecDeque<tokio::sync::oneshot::Sender<Checkout>>>,
     /// `handoffs.len()`, read without the lock on every checkin.
     handoffs_queued: AtomicUsize,
+    /// Whether opening server connections fails now, and whose turn it is
+    /// to try again (outage.rs).
+    outage: Arc<Outage>,
 }
 
 /// A pinned client's place in its pool's `max_pinned`; given back when
@@ -125,8 +130,16 @@ pub enum CheckoutError {
         paused: bool,
     },
     /// Opening a new server connection failed (the server's own error,
-    /// or why it could not be reached).
-    Connect(ConnectError),
+    /// or why it could not be reached): the client's own attempt's, or,
+    /// shared, the attempt it waited for (a refusal that ended an outage;
+    /// under `server_fast_fail`, the pool's last error).
+    Connect(Arc<ConnectError>),
+    /// No server connection could be opened within `query_wait_timeout`
+    /// (the server down all along): the last attempt's error.
+    ServerDown {
+        error: Arc<ConnectError>,
+        waited: Duration,
+    },
 }
 
 impl Pooled for Box<ServerConn> {
@@ -161,6 +174,7 @@ impl Pool {
             pin_freed: Arc::new(Notify::new()),
             handoffs: Mutex::new(VecDeque::new()),
             handoffs_queued: AtomicUsize::new(0),
+            outage: Arc::default(),
         }
     }
 
@@ -257,6 +271,8 @@ impl Pool {
             // The credential learnt from clients' logins carries over.
             target.credential = self.target.load().credential.clone();
             self.target.store(Arc::new(target));
+            // What failed to open may open at the new address.
+            self.outage.reset();
             self.reconnect();
             tracing::info!(db = %self.database, user = %self.user, "server address changed; reconnecting");
         }
@@ -339,8 +355,11 @@ impl Pool {
     }
 
     /// Waits for a server connection: an idle one if any is alive, else a
-    /// new one, or one checked in while the new one was opening.
+    /// new one, or one checked in while the new one was opening. While
+    /// none can be opened (an outage) it waits for the server to come
+    /// back; all of it within `query_wait_timeout`.
     pub async fn checkout(self: &Arc<Self>) -> Result<Checkout, CheckoutError> {
+        let started = Instant::now();
         let slot = self.slots.wait_for_slot().await.map_err(|e| match e {
             NoSlot::Closed => CheckoutError::Closed,
             NoSlot::TimedOut {
@@ -355,7 +374,8 @@ impl Pool {
                 paused,
             },
         })?;
-        self.lend(slot).await
+        let deadline = started + self.slots.settings().query_wait_timeout;
+        self.lend(slot, deadline).await
     }
 
     /// Whether [`Pool::checkout`] would wait now (a hint: see
@@ -365,16 +385,27 @@ impl Pool {
     }
 
     /// A server connection if one may be had without waiting (the pool is
-    /// not paused and not all of its connections are lent); `None`
-    /// otherwise. Opening a new one is not waiting.
+    /// not paused, not all of its connections are lent, and opening them
+    /// does not fail now); `None` otherwise. Opening a new one is not
+    /// waiting.
     pub async fn checkout_if_free(self: &Arc<Self>) -> Option<Result<Checkout, CheckoutError>> {
+        if self.outage.is_on() {
+            return None;
+        }
         let slot = self.slots.try_slot()?;
-        Some(self.lend(slot).await)
+        let deadline = Instant::now() + self.slots.settings().query_wait_timeout;
+        Some(self.lend(slot, deadline).await)
     }
 
     /// Lends a connection in `slot`: an idle one if any is alive, else a
-    /// new one, or one checked in while the new one was opening.
-    async fn lend(self: &Arc<Self>, slot: Slot) -> Result<Checkout, CheckoutError> {
+    /// new one, or one checked in while the new one was opening. In an
+    /// outage the client waits its turn to try (outage.rs), or for a
+    /// connection checked in, until `deadline`.
+    async fn lend(
+        self: &Arc<Self>,
+        slot: Slot,
+        deadline: Instant,
+    ) -> Result<Checkout, CheckoutError> {
         if let Some(conn) = self.take_vetted().await {
             return Ok(Checkout {
                 conn,
@@ -390,48 +421,135 @@ impl Pool {
         let (handoff, mut handed) = tokio::sync::oneshot::channel();
         self.handoffs.lock().push_back(handoff);
         self.handoffs_queued.fetch_add(1, Ordering::Release);
-        // Boxed and owning what it needs: a large future (TLS, SCRAM) that
-        // would otherwise sit in every client task's state, and one that
-        // may be handed to a task of its own.
-        let pool = self.clone();
-        let mut opening = Box::pin(async move {
-            let settings = pool.slots.settings_full();
-            let opened = pool.connect(&settings).await;
-            if let Ok(conn) = &opened {
-                tracing::debug!(server = conn.id(), pid = conn.backend_pid(), db = %pool.database, user = %pool.user, "server connection opened");
-            }
-            (pool, opened)
-        });
-        tokio::select! {
-            biased;
-            Ok(checkout) = &mut handed => {
-                // The new connection finishes opening on its own, holding
-                // `slot`, and then is idle like any other.
-                tokio::spawn(async move {
-                    match opening.await {
-                        (pool, Ok(conn)) => {
+        let seen = self.outage.epoch();
+        let started = Instant::now();
+        loop {
+            let attempt = match self.my_turn(&mut handed, seen, started, deadline).await {
+                Ok(Ok(attempt)) => attempt,
+                Ok(Err(checkout)) => return Ok(checkout),
+                Err(e) => {
+                    self.give_back_handoff(&mut handed);
+                    return Err(e);
+                }
+            };
+            // Boxed and owning what it needs: a large future (TLS, SCRAM)
+            // that would otherwise sit in every client task's state, and
+            // one that may be handed to a task of its own.
+            let pool = self.clone();
+            let mut opening = Box::pin(async move {
+                let settings = pool.slots.settings_full();
+                let opened = pool.connect(&settings).await.map_err(Arc::new);
+                pool.opened(opened.as_ref().err(), &settings);
+                drop(attempt);
+                if let Ok(conn) = &opened {
+                    tracing::debug!(server = conn.id(), pid = conn.backend_pid(), db = %pool.database, user = %pool.user, "server connection opened");
+                }
+                (pool, opened)
+            });
+            tokio::select! {
+                biased;
+                Ok(checkout) = &mut handed => {
+                    // The new connection finishes opening on its own,
+                    // holding `slot`, and then is idle like any other.
+                    tokio::spawn(async move {
+                        if let (pool, Ok(conn)) = opening.await {
                             // Through the pool's checkin: another client
                             // may be waiting for one it caused to open.
                             let lease = pool.slots.lease(slot);
                             pool.checkin(Checkout { conn, lease });
                         }
-                        (pool, Err(e)) => {
-                            tracing::warn!(db = %pool.database, user = %pool.user, error = %e, "could not open a server connection");
-                        }
-                    }
-                });
-                Ok(checkout)
-            }
-            (_, opened) = &mut opening => {
-                // A connection handed over at the same moment goes back.
-                handed.close();
-                if let Ok(other) = handed.try_recv() {
-                    self.checkin(other);
+                    });
+                    return Ok(checkout);
                 }
-                Ok(Checkout {
-                    conn: opened.map_err(CheckoutError::Connect)?,
-                    lease: self.slots.lease(slot),
-                })
+                (_, opened) = &mut opening => match opened {
+                    Ok(conn) => {
+                        self.give_back_handoff(&mut handed);
+                        return Ok(Checkout {
+                            conn,
+                            lease: self.slots.lease(slot),
+                        });
+                    }
+                    // Wait for the server to come back (the outage's
+                    // turns), unless told to fail fast.
+                    Err(e) if e.is_transient() && !self.slots.settings().server_fast_fail => {}
+                    Err(e) => {
+                        self.give_back_handoff(&mut handed);
+                        return Err(CheckoutError::Connect(e));
+                    }
+                },
+            }
+        }
+    }
+
+    /// Waits until this client may open a connection (`Ok(Ok)`, with the
+    /// outage's attempt if it makes one), or a connection is handed to it
+    /// meanwhile (`Ok(Err)`); an error if the outage's answer is one, or
+    /// `deadline` passes first. Counted as waiting while it waits.
+    async fn my_turn(
+        &self,
+        handed: &mut tokio::sync::oneshot::Receiver<Checkout>,
+        seen: u64,
+        started: Instant,
+        deadline: Instant,
+    ) -> Result<Result<Option<outage::Attempt>, Checkout>, CheckoutError> {
+        let mut waiting = None;
+        loop {
+            let changed = self.outage.changed();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let now = Instant::now();
+            let fast_fail = self.slots.settings().server_fast_fail;
+            let until = match self.outage.turn(now, seen, fast_fail) {
+                Turn::Open => return Ok(Ok(None)),
+                Turn::Attempt(attempt) => return Ok(Ok(Some(attempt))),
+                Turn::Refused(e) => return Err(CheckoutError::Connect(e)),
+                Turn::Wait(until) => until.map_or(deadline, |u| u.min(deadline)),
+            };
+            if now >= deadline {
+                let error = self.outage.last_error();
+                return Err(match error {
+                    Some(error) => CheckoutError::ServerDown {
+                        error,
+                        waited: now.saturating_duration_since(started),
+                    },
+                    None => CheckoutError::Closed,
+                });
+            }
+            waiting.get_or_insert_with(|| Waiting::new(&self.stats));
+            tokio::select! {
+                biased;
+                Ok(checkout) = &mut *handed => return Ok(Err(checkout)),
+                () = &mut changed => {}
+                () = tokio::time::sleep_until(until.into()) => {}
+            }
+        }
+    }
+
+    /// This client no longer waits for a connection to be handed to it;
+    /// one handed over at the same moment goes back.
+    fn give_back_handoff(&self, handed: &mut tokio::sync::oneshot::Receiver<Checkout>) {
+        handed.close();
+        if let Ok(other) = handed.try_recv() {
+            self.checkin(other);
+        }
+    }
+
+    /// Records what an attempt to open a connection came to, in the
+    /// outage and the log.
+    fn opened(&self, error: Option<&Arc<ConnectError>>, settings: &PoolLimits) {
+        match error {
+            None => {
+                if let Some((lasted, attempts)) = self.outage.succeeded() {
+                    tracing::info!(db = %self.database, user = %self.user, lasted_ms = lasted.as_millis() as u64, attempts, "server connections open again");
+                }
+            }
+            Some(e) => {
+                let now = Instant::now();
+                if self.outage.failed(e, now, settings.server_login_retry) {
+                    tracing::warn!(db = %self.database, user = %self.user, code = e.sqlstate(), error = %e, fast_fail = settings.server_fast_fail, "could not open a server connection; trying again with a growing pause (server_login_retry)");
+                } else {
+                    tracing::debug!(db = %self.database, user = %self.user, code = e.sqlstate(), error = %e, "could not open a server connection");
+                }
             }
         }
     }
@@ -625,7 +743,17 @@ impl Pool {
         let settings = self.slots.settings_full();
         self.slots.close_expired(Instant::now());
         while let Some(slot) = self.slots.slot_for_min_size() {
-            match self.connect(&settings).await {
+            // In an outage, only when the next attempt is due and nobody
+            // makes it: clients' attempts come first.
+            let attempt = match self.outage.turn(Instant::now(), self.outage.epoch(), true) {
+                Turn::Open => None,
+                Turn::Attempt(attempt) => Some(attempt),
+                Turn::Wait(_) | Turn::Refused(_) => break,
+            };
+            let opened = self.connect(&settings).await.map_err(Arc::new);
+            self.opened(opened.as_ref().err(), &settings);
+            drop(attempt);
+            match opened {
                 Ok(conn) => {
                     let kept = self.slots.add_idle(conn);
                     drop(slot);
@@ -634,7 +762,7 @@ impl Pool {
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(db = %self.database, user = %self.user, code = e.sqlstate(), error = %e, "could not open a min_pool_size connection");
+                    tracing::debug!(db = %self.database, user = %self.user, code = e.sqlstate(), error = %e, "could not open a min_pool_size connection");
                     break;
                 }
             }

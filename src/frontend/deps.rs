@@ -106,6 +106,9 @@ pub struct SessionDeps {
     /// End each client at its next moment between transactions
     /// (SHUTDOWN / SIGINT at once; SIGTERM once shutdown_timeout passes).
     drain: watch::Sender<bool>,
+    /// The drain's flag where it is read on every serve-loop turn: one
+    /// load, where the watch takes a lock.
+    draining: std::sync::atomic::AtomicBool,
 }
 
 impl SessionDeps {
@@ -130,6 +133,7 @@ impl SessionDeps {
             attempts: broadcast::channel(ATTEMPT_BACKLOG).0,
             shutdown: watch::channel(false).0,
             drain: watch::channel(false).0,
+            draining: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -204,6 +208,8 @@ impl SessionDeps {
 
     /// Ends each client at its next moment between transactions.
     pub fn start_drain(&self) {
+        self.draining
+            .store(true, std::sync::atomic::Ordering::Release);
         self.drain.send_replace(true);
         // Idle clients wait on their kill switch's waker, not on the drain
         // (a receiver each would be most of what an idle client holds).
@@ -212,7 +218,7 @@ impl SessionDeps {
 
     /// True once clients should end between transactions.
     pub fn is_draining(&self) -> bool {
-        *self.drain.borrow()
+        self.draining.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// True (in the receiver) once clients should end between transactions.

@@ -16,6 +16,7 @@ use crate::hooks::roles::RoleCache;
 use crate::hooks::shared::SharedStore;
 use crate::hooks::{Dispatcher, Hook};
 use crate::protocol::PgError;
+use crate::unix_listen::{UnixSocket, UnixSocketSettings};
 use parking_lot::Mutex;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -262,6 +263,9 @@ fn hold(old: &Config, new: &mut Config, key: &str) -> Option<bool> {
         "workers" => hold!(workers),
         "so_reuseport" => hold!(so_reuseport),
         "peer_id" => hold!(peer_id),
+        "unix_socket_dir" => hold!(unix_socket_dir),
+        "unix_socket_mode" => hold!(unix_socket_mode),
+        "unix_socket_group" => hold!(unix_socket_group),
         "hooks.query" => hold!(hooks.query),
         "hooks.roles_refresh_s" => hold!(hooks.roles_refresh_s),
         "hooks.shared_max_keys" => hold!(hooks.shared_max_keys),
@@ -463,10 +467,23 @@ fn tcp_client(tcp: TcpStream, addr: SocketAddr) -> (ClientStream, ClientAddr) {
     (ClientStream::plain(tcp), ClientAddr::Tcp(addr))
 }
 
-/// A bound listener and the app behind it.
+/// The bound listeners and the app behind them.
 pub struct Server {
     pub app: Arc<App>,
     listener: TcpListener,
+    /// The Unix-domain socket, when `unix_socket_dir` is set.
+    unix: Option<UnixSocket>,
+}
+
+/// The next client of the Unix-domain socket; never, without one.
+async fn accept_unix(unix: Option<&UnixSocket>) -> std::io::Result<(ClientStream, ClientAddr)> {
+    match unix {
+        Some(u) => {
+            let (stream, peer) = u.accept().await?;
+            Ok((ClientStream::unix(stream), ClientAddr::Local(peer)))
+        }
+        None => std::future::pending().await,
+    }
 }
 
 impl Server {
@@ -477,11 +494,32 @@ impl Server {
         Server::bind_app(app).await
     }
 
-    /// Binds `listen` for an app already built.
+    /// Binds `listen`, and the Unix-domain socket named after its port,
+    /// for an app already built.
     pub async fn bind_app(app: Arc<App>) -> std::io::Result<Server> {
         let config = app.config();
-        let listener = crate::listen::bind(config.listen, config.so_reuseport)?;
-        Ok(Server { app, listener })
+        let listener = crate::listen::bind(config.listen, config.so_reuseport)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("listen {}: {e}", config.listen)))?;
+        let unix = match &config.unix_socket_dir {
+            Some(dir) => Some(UnixSocket::bind(&UnixSocketSettings {
+                dir: dir.clone(),
+                port: listener.local_addr()?.port(),
+                mode: config.unix_socket_mode,
+                group: config.unix_socket_group.clone(),
+                take_over: config.so_reuseport,
+            })?),
+            None => None,
+        };
+        Ok(Server {
+            app,
+            listener,
+            unix,
+        })
+    }
+
+    /// The Unix-domain socket's path, when there is one.
+    pub fn unix_socket_path(&self) -> Option<&std::path::Path> {
+        self.unix.as_ref().map(|u| u.path())
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -497,39 +535,58 @@ impl Server {
         let app = self.app;
         app.start_background();
         let mut shutdown = app.deps.shutting_down();
-        tracing::info!(listen = %self.listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), "usher is accepting connections");
+        tracing::info!(
+            listen = %self.listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+            unix_socket = %self.unix.as_ref().map(|u| u.path().display().to_string()).unwrap_or_default(),
+            "usher is accepting connections"
+        );
         // Out of descriptors and the like: pause (10 ms doubling to 1 s)
         // and log the burst once; clients wait in the listen backlog.
         let mut backoff = AcceptBackoff::new("clients");
+        let mut unix_backoff = AcceptBackoff::new("unix clients");
         loop {
-            tokio::select! {
+            let pause = tokio::select! {
                 accepted = self.listener.accept() => match accepted {
                     Ok((stream, addr)) => {
                         backoff.accepted();
                         let (stream, addr) = tcp_client(stream, addr);
                         tokio::spawn(serve_client(app.clone(), stream, addr));
+                        continue;
                     }
-                    Err(e) => {
-                        let pause = backoff.failed(&e);
-                        tokio::select! {
-                            _ = tokio::time::sleep(pause) => {}
-                            _ = async { let _ = shutdown.wait_for(|s| *s).await; } => break,
-                        }
-                    }
+                    Err(e) => backoff.failed(&e),
                 },
+                accepted = accept_unix(self.unix.as_ref()) => match accepted {
+                    Ok((stream, addr)) => {
+                        unix_backoff.accepted();
+                        tokio::spawn(serve_client(app.clone(), stream, addr));
+                        continue;
+                    }
+                    Err(e) => unix_backoff.failed(&e),
+                },
+                _ = async { let _ = shutdown.wait_for(|s| *s).await; } => break,
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
                 _ = async { let _ = shutdown.wait_for(|s| *s).await; } => break,
             }
         }
-        // Connections the kernel queued on this socket would be reset when
-        // it closes (with so_reuseport a new usher takes the new ones):
-        // take them first, then close at once.
-        let queued: Vec<_> = crate::listen::drain_backlog(self.listener)
+        // Connections the kernel queued on these sockets would be reset
+        // when they close (with so_reuseport a new usher takes the new
+        // ones): take them first, then close at once. The Unix socket's
+        // file goes first (unless another usher took it over).
+        let mut queued: Vec<_> = crate::listen::drain_backlog(self.listener)
             .into_iter()
             .map(|(stream, addr)| {
                 let (stream, addr) = tcp_client(stream, addr);
                 tokio::spawn(serve_client(app.clone(), stream, addr))
             })
             .collect();
+        if let Some(unix) = self.unix {
+            queued.extend(unix.close().into_iter().map(|(stream, peer)| {
+                let (stream, addr) = (ClientStream::unix(stream), ClientAddr::Local(peer));
+                tokio::spawn(serve_client(app.clone(), stream, addr))
+            }));
+        }
         let deadline = Duration::from_secs_f64(app.config().shutdown_timeout);
         tracing::info!(
             clients = app.deps.clients.connected(),
@@ -609,6 +666,9 @@ mod tests {
                 "workers",
                 "so_reuseport",
                 "peer_id",
+                "unix_socket_dir",
+                "unix_socket_mode",
+                "unix_socket_group",
                 "hooks.query",
                 "hooks.roles_refresh_s",
                 "hooks.shared_max_keys",

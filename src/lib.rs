@@ -19,6 +19,7 @@ pub(crate) mod pool;
 pub mod protocol;
 pub mod signals;
 pub mod tls;
+pub mod unix_listen;
 
 pub use app::{App, Server};
 pub use config::Config;

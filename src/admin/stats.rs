@@ -435,6 +435,14 @@ fn shown_value(c: &Config, hooks_enabled: bool, key: &str) -> Option<String> {
         "workers" => c.workers.to_string(),
         "so_reuseport" => c.so_reuseport.to_string(),
         "peer_id" => c.peer_id.to_string(),
+        // Unset: empty, as PgBouncer shows an unset key.
+        "unix_socket_dir" => c
+            .unix_socket_dir
+            .as_ref()
+            .map(|d| d.display().to_string())
+            .unwrap_or_default(),
+        "unix_socket_mode" => c.unix_socket_mode.to_string(),
+        "unix_socket_group" => c.unix_socket_group.clone().unwrap_or_default(),
         "pool_mode" => c.pool_mode.to_string(),
         "pool_size" => c.pool_size.to_string(),
         "min_pool_size" => c.min_pool_size.to_string(),
@@ -531,6 +539,9 @@ mod tests {
                 "workers|0|0|no",
                 "so_reuseport|false|false|no",
                 "peer_id|0|0|no",
+                "unix_socket_dir||none|no",
+                "unix_socket_mode|0777|0777|no",
+                "unix_socket_group||none|no",
                 "pool_mode|transaction|transaction|yes",
                 "pool_size|20|20|yes",
                 "min_pool_size|0|0|yes",
@@ -564,7 +575,8 @@ mod tests {
         );
         let c = Config::from_yaml(
             "listen: 0.0.0.0:7000\nmax_client_conn: 5\nmax_auth_clients: 6\n\
-             max_auth_clients_per_address: 2\nworkers: 3\nso_reuseport: true\npeer_id: 4\npool_mode: session\npool_size: 7\n\
+             max_auth_clients_per_address: 2\nworkers: 3\nso_reuseport: true\npeer_id: 4\n\
+             unix_socket_dir: /run/usher\nunix_socket_mode: 0660\nunix_socket_group: usher\npool_mode: session\npool_size: 7\n\
              min_pool_size: 1\nserver_reset_query: ''\nquery_wait_timeout: 1.5\n\
              server_connect_timeout: 2\nserver_login_retry: 2.5\nserver_fast_fail: true\nclient_idle_timeout: 3\nidle_transaction_timeout: 4\n\
              server_idle_timeout: 5\nserver_lifetime: 6\nserver_check_delay: 0\n\
@@ -591,6 +603,9 @@ mod tests {
                 "3",
                 "true",
                 "4",
+                "/run/usher",
+                "0660",
+                "usher",
                 "session",
                 "7",
                 "1",

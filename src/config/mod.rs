@@ -12,6 +12,7 @@ pub mod reload_guard;
 pub mod security;
 mod servers;
 pub mod settings;
+pub mod unix_socket;
 
 pub use builtins::{
     AuthMonitorConfig, AuthStoreConfig, BlockAction, BlockRuleConfig, BlockingConfig,
@@ -20,6 +21,7 @@ pub use builtins::{
 pub use peering::PeerConfig;
 pub use security::{HbaMethod, HbaRuleConfig, HbaType, ServerTlsMode, TlsConfig, TlsMode};
 pub use servers::{is_socket_dir, HostSpec, TargetSessionAttrs};
+pub use unix_socket::SocketMode;
 
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -87,6 +89,10 @@ pub enum AuthMethod {
     /// A TLS client certificate whose CN is the user name.
     #[serde(rename = "cert")]
     Cert,
+    /// The operating-system user of a Unix-socket client (SO_PEERCRED),
+    /// the user name or mapped to it (`auth.ident`).
+    #[serde(rename = "peer")]
+    Peer,
 }
 
 impl AuthMethod {
@@ -98,6 +104,7 @@ impl AuthMethod {
             AuthMethod::Md5 => "md5",
             AuthMethod::ScramSha256 => "scram-sha-256",
             AuthMethod::Cert => "cert",
+            AuthMethod::Peer => "peer",
         }
     }
 }
@@ -196,6 +203,17 @@ pub struct Config {
     /// usher may bind the same address (a rolling restart).
     #[serde(default = "defaults::so_reuseport")]
     pub so_reuseport: bool,
+    /// A Unix-domain socket for clients in this directory:
+    /// `.s.PGSQL.<port>`, with the port of `listen`, so that
+    /// `psql -h <dir> -p <port>` finds it. None: no socket.
+    #[serde(default)]
+    pub unix_socket_dir: Option<std::path::PathBuf>,
+    /// The socket file's permissions.
+    #[serde(default = "defaults::unix_socket_mode")]
+    pub unix_socket_mode: SocketMode,
+    /// The socket file's group (a name or a number); none: usher's own.
+    #[serde(default)]
+    pub unix_socket_group: Option<String>,
     /// This instance's id among its peers (1..=16383); 0: peering off.
     #[serde(default = "defaults::peer_id")]
     pub peer_id: u16,
@@ -369,6 +387,21 @@ pub struct AuthConfig {
     pub hba: Option<Vec<HbaRuleConfig>>,
     /// The same rules in pg_hba.conf format.
     pub hba_file: Option<std::path::PathBuf>,
+    /// User name maps for `peer` rules (`map=name`), as pg_ident.conf.
+    pub ident: Option<Vec<IdentEntryConfig>>,
+    /// The same maps in pg_ident.conf format.
+    pub ident_file: Option<std::path::PathBuf>,
+}
+
+/// One entry of `auth.ident`, with pg_ident.conf's columns as keys.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdentEntryConfig {
+    pub map: String,
+    /// The operating-system user; `/regex` for an expression.
+    pub system_user: String,
+    /// The database user; `\1` is the expression's first group, `all` any.
+    pub user: String,
 }
 
 impl Default for AuthConfig {
@@ -382,6 +415,8 @@ impl Default for AuthConfig {
             cache_ttl: defaults::auth_cache_ttl(),
             hba: None,
             hba_file: None,
+            ident: None,
+            ident_file: None,
         }
     }
 }
@@ -498,6 +533,7 @@ mod defaults {
     settings::defaults_from_table! {
         listen: std::net::SocketAddr = "listen";
         so_reuseport: bool = "so_reuseport";
+        unix_socket_mode: super::SocketMode = "unix_socket_mode";
         peer_id: u16 = "peer_id";
         max_client_conn: usize = "max_client_conn";
         pool_mode: super::PoolMode = "pool_mode";
@@ -723,6 +759,7 @@ impl Config {
         }
         check_log_level(&self.log.level)?;
         peering::validate(self.peer_id, &self.peers)?;
+        unix_socket::validate(self)?;
         for (key, v) in [
             ("query_wait_timeout", self.query_wait_timeout),
             ("server_connect_timeout", self.server_connect_timeout),

@@ -79,6 +79,10 @@ pub const SETTINGS: &[SettingSpec] = &[
     // the cancel keys already given out depend on these two.
     s("so_reuseport", Value("false"), Restart, SHOW),
     s("peer_id", Value("0"), Restart, SHOW),
+    // The Unix-domain socket is made once, at start (src/unix_listen.rs).
+    s("unix_socket_dir", Text("none"), Restart, SHOW),
+    s("unix_socket_mode", Value("0777"), Restart, SHOW),
+    s("unix_socket_group", Text("none"), Restart, SHOW),
     // Cancels forwarded after the reload use the new list.
     s("peers", Text("none"), Live, HIDE),
     s("peers.id", Text("none"), Live, HIDE),
@@ -130,6 +134,8 @@ pub const SETTINGS: &[SettingSpec] = &[
     s("auth.cache_ttl", Value("10"), NewClients, HIDE),
     s("auth.hba", Text("none"), NewClients, HIDE),
     s("auth.hba_file", Text("none"), NewClients, HIDE),
+    s("auth.ident", Text("none"), NewClients, HIDE),
+    s("auth.ident_file", Text("none"), NewClients, HIDE),
     // A database whose servers (host, port, hosts, target, load_balance),
     // dbname or tls change reconnects.
     s("databases.<name>.host", Value("127.0.0.1"), Live, HIDE),

@@ -1,4 +1,5 @@
-//! A client's connection: plain TCP, or TLS after an SSLRequest.
+//! A client's connection: plain TCP, TLS after an SSLRequest, or the
+//! Unix-domain socket (never TLS, as in PostgreSQL).
 //!
 //! Writes on either kind return once the bytes are on the socket (see
 //! [`crate::tls::ClientTlsStream`]), and [`ClientStream::readable`] waits for
@@ -18,7 +19,7 @@ use std::io;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
+use tokio::net::{TcpStream, UnixStream};
 use tokio_rustls::TlsAcceptor;
 
 /// A Terminate message: a client that sent it is leaving.
@@ -45,6 +46,8 @@ enum Io {
     Plain(TcpStream),
     /// Boxed: rustls' state is large, and most clients are plain.
     Tls(Box<ClientTlsStream>),
+    /// A client of the Unix-domain socket; read ahead as a plain one.
+    Unix(UnixStream),
     /// What is left after a TLS handshake failed: every operation fails.
     Closed,
 }
@@ -58,9 +61,22 @@ impl ClientStream {
         }
     }
 
+    /// A client of the Unix-domain socket, as accepted.
+    pub fn unix(unix: UnixStream) -> Self {
+        ClientStream {
+            io: Io::Unix(unix),
+            ahead: BytesMut::new(),
+        }
+    }
+
     /// True once TLS is on.
     pub fn is_tls(&self) -> bool {
         matches!(self.io, Io::Tls(_))
+    }
+
+    /// True for a client of the Unix-domain socket.
+    pub fn is_unix(&self) -> bool {
+        matches!(self.io, Io::Unix(_))
     }
 
     /// True when bytes the client sent have been read ahead and not yet
@@ -75,7 +91,7 @@ impl ClientStream {
         match &self.io {
             Io::Plain(tcp) => tcp.local_addr().ok(),
             Io::Tls(s) => s.tcp().local_addr().ok(),
-            Io::Closed => None,
+            Io::Unix(_) | Io::Closed => None,
         }
     }
 
@@ -136,6 +152,7 @@ impl ClientStream {
         let (tcp, plain) = match &self.io {
             Io::Plain(s) => (s, true),
             Io::Tls(s) => (s.tcp(), false),
+            Io::Unix(s) => return self.unix_closed(s).await,
             Io::Closed => return,
         };
         if plain && self.ahead.starts_with(&TERMINATE) {
@@ -154,6 +171,41 @@ impl ClientStream {
             }
             // Bytes wait: the socket says whether its peer also closed.
             match tcp.ready(tokio::io::Interest::READABLE).await {
+                Ok(ready) if !ready.is_read_closed() => {}
+                _ => return,
+            }
+            tokio::time::sleep(CLOSED_RECHECK).await;
+        }
+    }
+
+    /// [`ClientStream::closed`] on the Unix-domain socket, which tokio
+    /// gives no `poll_peek`: a peek when readable instead.
+    async fn unix_closed(&self, unix: &UnixStream) {
+        if self.ahead.starts_with(&TERMINATE) {
+            return;
+        }
+        loop {
+            if self.ahead.is_empty() {
+                if unix.readable().await.is_err() {
+                    return;
+                }
+                // Zeroed, so that what the peek wrote is read as bytes.
+                let mut head = [std::mem::MaybeUninit::new(0u8); TERMINATE.len()];
+                let peeked = unix.try_io(tokio::io::Interest::READABLE, || {
+                    socket2::SockRef::from(unix).peek(&mut head)
+                });
+                // SAFETY: every byte was initialised above; peek only writes.
+                let head = head.map(|b| unsafe { b.assume_init() });
+                match peeked {
+                    Ok(0) => return,
+                    Ok(n) if n == TERMINATE.len() && head == TERMINATE => return,
+                    Ok(_) => {}
+                    // The readiness was stale; readable() waits again.
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                    Err(_) => return,
+                }
+            }
+            match unix.ready(tokio::io::Interest::READABLE).await {
                 Ok(ready) if !ready.is_read_closed() => {}
                 _ => return,
             }
@@ -182,6 +234,7 @@ impl ClientStream {
                 }
                 s.tcp().poll_read_ready(cx)
             }
+            Io::Unix(s) => s.poll_read_ready(cx),
             Io::Closed => Poll::Ready(Err(closed())),
         }
     }
@@ -199,23 +252,19 @@ impl AsyncRead for ClientStream {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         if this.ahead.is_empty() {
-            match &mut this.io {
-                Io::Plain(s) if buf.remaining() < READ_AHEAD => {
-                    this.ahead.reserve(READ_AHEAD);
-                    if ready!(tokio_util::io::poll_read_buf(
-                        Pin::new(s),
-                        cx,
-                        &mut this.ahead
-                    ))? == 0
-                    {
-                        // The end of the stream: nothing read.
-                        this.ahead = BytesMut::new();
-                        return Poll::Ready(Ok(()));
-                    }
-                }
+            let small = buf.remaining() < READ_AHEAD;
+            let read_ahead = match &mut this.io {
+                Io::Plain(s) if small => poll_read_ahead(Pin::new(s), cx, &mut this.ahead),
+                Io::Unix(s) if small => poll_read_ahead(Pin::new(s), cx, &mut this.ahead),
                 Io::Plain(s) => return Pin::new(s).poll_read(cx, buf),
+                Io::Unix(s) => return Pin::new(s).poll_read(cx, buf),
                 Io::Tls(s) => return Pin::new(s.as_mut()).poll_read(cx, buf),
                 Io::Closed => return Poll::Ready(Err(closed())),
+            };
+            if ready!(read_ahead)? == 0 {
+                // The end of the stream: nothing read.
+                this.ahead = BytesMut::new();
+                return Poll::Ready(Ok(()));
             }
         }
         let n = this.ahead.len().min(buf.remaining());
@@ -229,6 +278,16 @@ impl AsyncRead for ClientStream {
     }
 }
 
+/// One read into the read-ahead buffer.
+fn poll_read_ahead<R: AsyncRead>(
+    io: Pin<&mut R>,
+    cx: &mut Context<'_>,
+    ahead: &mut BytesMut,
+) -> Poll<io::Result<usize>> {
+    ahead.reserve(READ_AHEAD);
+    tokio_util::io::poll_read_buf(io, cx, ahead)
+}
+
 impl AsyncWrite for ClientStream {
     fn poll_write(
         self: Pin<&mut Self>,
@@ -238,6 +297,7 @@ impl AsyncWrite for ClientStream {
         match &mut self.get_mut().io {
             Io::Plain(s) => Pin::new(s).poll_write(cx, buf),
             Io::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+            Io::Unix(s) => Pin::new(s).poll_write(cx, buf),
             Io::Closed => Poll::Ready(Err(closed())),
         }
     }
@@ -246,6 +306,7 @@ impl AsyncWrite for ClientStream {
         match &mut self.get_mut().io {
             Io::Plain(s) => Pin::new(s).poll_flush(cx),
             Io::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            Io::Unix(s) => Pin::new(s).poll_flush(cx),
             Io::Closed => Poll::Ready(Ok(())),
         }
     }
@@ -254,6 +315,7 @@ impl AsyncWrite for ClientStream {
         match &mut self.get_mut().io {
             Io::Plain(s) => Pin::new(s).poll_shutdown(cx),
             Io::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+            Io::Unix(s) => Pin::new(s).poll_shutdown(cx),
             Io::Closed => Poll::Ready(Ok(())),
         }
     }

@@ -8,13 +8,20 @@ use std::path::Path;
 
 /// The layers, lowest first: a module may use those before it.
 const LAYERS: &[&str] = &[
-    "protocol", // the wire format, no runtime state
-    "config",   // the configuration and its table of settings
-    "accept",   // accepting sockets with back-off
-    "listen",   // the clients' listening socket (SO_REUSEPORT, the backlog at close)
-    "logging", "tls", "metrics", "backend", // server connections
+    "protocol",    // the wire format, no runtime state
+    "client_addr", // where a client connected from (TCP, or the Unix socket's peer)
+    "config",      // the configuration and its table of settings
+    "accept",      // accepting sockets with back-off
+    "listen",      // the clients' listening socket (SO_REUSEPORT, the backlog at close)
+    "unix_listen", // the clients' Unix-domain socket (stale files, take-over)
+    "logging",
+    "tls",
+    "metrics",
+    "backend", // server connections
     "auth",    // client authentication (its auth query uses backend)
-    "pool", "hooks", "frontend", // client sessions
+    "pool",
+    "hooks",
+    "frontend", // client sessions
     "admin",    // the console (served over a client's stream)
     "app",      // the running pooler: owns the hook files and reload
     "signals",  // SIGHUP, SIGTERM, ... (what they do is App's and admin's)

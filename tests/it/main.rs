@@ -54,4 +54,5 @@ mod stale_statements;
 mod statement_names;
 mod tls;
 mod tls_stress;
+mod unix_socket;
 mod unnamed_statement;

@@ -222,6 +222,27 @@ async fn sigint_lets_running_transactions_finish_then_exits() {
     );
 }
 
+/// A session-mode client between transactions holds its server and stays
+/// in the busy loop (it never parks): SIGINT's drain must still reach it
+/// there and end it with 57P01, and usher exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigint_ends_an_idle_session_mode_client_holding_its_server() {
+    let pg = PgCluster::shared();
+    let mut usher = UsherProcess::builder(pg)
+        .extra("pool_mode: session\nshutdown_timeout: 20\n")
+        .start();
+    let (c, driver) = usher.alice().await;
+    c.batch_execute("SELECT 1").await.unwrap();
+    usher.signal(libc::SIGINT);
+    let e = tokio::time::timeout(Duration::from_secs(10), driver)
+        .await
+        .expect("the idle session-mode client was ended by the drain")
+        .unwrap()
+        .expect_err("idle client closed");
+    assert_eq!(sqlstate(&e).as_deref(), Some("57P01"), "{e:?}");
+    assert!(wait_exit(&mut usher), "usher exits cleanly");
+}
+
 /// Waits until usher refuses new connections (shutdown closed its listener).
 async fn wait_until_refused(conn: &str) {
     eventually_async(Duration::from_secs(10), "usher refuses clients", || async {

@@ -9,7 +9,19 @@ impl Session {
         client: &mut ClientStream,
         fwd: &mut Forwarding,
     ) -> LoopEnd {
-        let mut shutdown = self.deps.draining();
+        // Shutdown's drain pokes every client's kill switch, whose waker
+        // `busy` registers at every poll: the loop reads the flag when
+        // woken, with no receiver to register and drop each turn (that
+        // was ~330 instructions per transaction under callgrind).
+        let deps = self.deps.clone();
+        let draining = std::future::poll_fn(|_| {
+            if deps.is_draining() {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        });
+        tokio::pin!(draining);
         let pool = self.pool.clone();
         // The phase began because the client was readable (or holds its
         // login's server connection): it parks only after an event.
@@ -24,7 +36,7 @@ impl Session {
                 fwd.flow.quiet() && fwd.in_walker.at_boundary() && fwd.to_server.is_empty();
             // A client may be ended by shutdown only between transactions.
             let idle = fwd.held.is_none() || (between_messages && fwd.flow.idle());
-            if idle && *shutdown.borrow() {
+            if idle && self.deps.is_draining() {
                 return LoopEnd::Shutdown;
             }
             if fwd.in_buf.is_empty()
@@ -115,7 +127,7 @@ impl Session {
             // does not take lets its reads through).
             let event = tokio::select! {
                 biased;
-                _ = shutdown.changed(), if idle => LoopEvent::Shutdown,
+                _ = &mut draining, if idle => LoopEvent::Shutdown,
                 end = async {
                     match first_deadline {
                         Some(d) => {

@@ -484,7 +484,8 @@ impl Pool {
     /// Waits until this client may open a connection (`Ok(Ok)`, with the
     /// outage's attempt if it makes one), or a connection is handed to it
     /// meanwhile (`Ok(Err)`); an error if the outage's answer is one, or
-    /// `deadline` passes first. Counted as waiting while it waits.
+    /// `deadline` passes first. Counted as waiting while it waits (SHOW
+    /// POOLS), and the wait added to the pool's total (SHOW STATS).
     async fn my_turn(
         &self,
         handed: &mut tokio::sync::oneshot::Receiver<Checkout>,
@@ -492,8 +493,8 @@ impl Pool {
         started: Instant,
         deadline: Instant,
     ) -> Result<Result<Option<outage::Attempt>, Checkout>, CheckoutError> {
-        let mut waiting = None;
-        loop {
+        let mut waiting: Option<(Waiting<'_>, Instant)> = None;
+        let turn = 'turn: loop {
             let changed = self.outage.changed();
             tokio::pin!(changed);
             changed.as_mut().enable();
@@ -501,7 +502,7 @@ impl Pool {
             if now >= deadline {
                 // No attempt past the deadline while the server is down.
                 if let Some(error) = self.outage.last_error() {
-                    return Err(CheckoutError::ServerDown {
+                    break Err(CheckoutError::ServerDown {
                         error,
                         waited: now.saturating_duration_since(started),
                     });
@@ -509,19 +510,23 @@ impl Pool {
             }
             let fast_fail = self.slots.settings().server_fast_fail;
             let until = match self.outage.turn(now, seen, fast_fail) {
-                Turn::Open => return Ok(Ok(None)),
-                Turn::Attempt(attempt) => return Ok(Ok(Some(attempt))),
-                Turn::Refused(e) => return Err(CheckoutError::Connect(e)),
+                Turn::Open => break Ok(Ok(None)),
+                Turn::Attempt(attempt) => break Ok(Ok(Some(attempt))),
+                Turn::Refused(e) => break Err(CheckoutError::Connect(e)),
                 Turn::Wait(until) => until.map_or(deadline, |u| u.min(deadline)),
             };
-            waiting.get_or_insert_with(|| Waiting::new(&self.stats));
+            waiting.get_or_insert_with(|| (Waiting::new(&self.stats), now));
             tokio::select! {
                 biased;
-                Ok(checkout) = &mut *handed => return Ok(Err(checkout)),
+                Ok(checkout) = &mut *handed => break 'turn Ok(Err(checkout)),
                 () = &mut changed => {}
                 () = tokio::time::sleep_until(until.into()) => {}
             }
+        };
+        if let Some((_, since)) = waiting {
+            self.stats.waited_for_server(since.elapsed());
         }
+        turn
     }
 
     /// This client no longer waits for a connection to be handed to it;

@@ -140,6 +140,14 @@ impl PoolStats {
             .fetch_add(wait.as_micros() as u64, Ordering::Relaxed);
     }
 
+    /// A client waited this long for the server to come back (an outage),
+    /// after the wait for a slot that [`PoolStats::waited`] recorded: added
+    /// to the total (SHOW STATS), not a second sample of the histogram.
+    pub(super) fn waited_for_server(&self, wait: Duration) {
+        self.wait_us
+            .fetch_add(wait.as_micros() as u64, Ordering::Relaxed);
+    }
+
     /// Idle server connections in the pool now.
     pub(super) fn idle_servers(&self, n: usize) {
         self.metrics.idle.set(n as f64);

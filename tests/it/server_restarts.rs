@@ -254,6 +254,14 @@ async fn a_query_sent_while_postgresql_is_down_runs_once_it_is_back() {
     assert_eq!(row.expect("the query ran").get::<_, i32>(0), 42);
     assert_eq!(late_query.await.unwrap().unwrap().get::<_, i32>(0), 7);
     assert!(!alice.is_closed());
+    // The wait is the pool's wait time (SHOW STATS), as a wait for a slot is.
+    let stats = console_at(port, "SHOW STATS").await.unwrap();
+    let app = stats
+        .iter()
+        .find(|r| r["database"].as_deref() == Some("app"))
+        .expect("app's row");
+    let waited: u64 = app["total_wait_time"].as_deref().unwrap().parse().unwrap();
+    assert!(waited > 0, "{app:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

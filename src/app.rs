@@ -498,7 +498,8 @@ impl Server {
     /// for an app already built.
     pub async fn bind_app(app: Arc<App>) -> std::io::Result<Server> {
         let config = app.config();
-        let listener = crate::listen::bind(config.listen, config.so_reuseport)?;
+        let listener = crate::listen::bind(config.listen, config.so_reuseport)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("listen {}: {e}", config.listen)))?;
         let unix = match &config.unix_socket_dir {
             Some(dir) => Some(UnixSocket::bind(&UnixSocketSettings {
                 dir: dir.clone(),

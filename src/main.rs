@@ -115,7 +115,7 @@ fn run(app: std::sync::Arc<usher::App>, endpoint: Option<usher::metrics::Endpoin
             Ok(s) => s,
             Err(e) => {
                 tracing::error!(listen = %config.listen, error = %e, "cannot listen");
-                eprintln!("usher: cannot listen on {}: {e}", config.listen);
+                eprintln!("usher: cannot listen: {e}");
                 return ExitCode::from(1);
             }
         };

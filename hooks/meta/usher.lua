@@ -25,8 +25,8 @@
 ---@field database string
 ---@field application_name string
 ---@field startup table<string,string> the startup packet's parameters
----@field client_addr string
----@field client_port integer
+---@field client_addr string             the IP, or "unix" for a client of the Unix-domain socket
+---@field client_port integer            a Unix-socket client's is the socket's port
 ---@field tls UsherTls?              nil for plaintext connections
 ---@field auth_method string         the method that authenticated the client
 ---@field pool_mode string           "session" | "transaction"

@@ -8,7 +8,10 @@
 //! (clients of the Unix-domain socket, `unix_socket_dir`); databases `all`, `sameuser`, `replication` (never
 //! matches) and names; users `all`, names and `+role` (membership asked of
 //! the server through `auth.user`); addresses `all`, CIDR, a single address,
-//! or address and netmask in the file format.
+//! or address and netmask in the file format; methods trust, password,
+//! md5, scram-sha-256, cert, peer (local rules only, as in PostgreSQL) and
+//! reject; the option `map=name` on a peer rule (a map of
+//! [`super::ident`]).
 
 use crate::client_addr::ClientHost;
 use crate::config::{AuthMethod, ConfigIssue, HbaMethod, HbaRuleConfig, HbaType};
@@ -42,16 +45,23 @@ pub enum RuleError {
     #[error("expected a CIDR address or `all` for host rules")]
     HostWithoutAddress,
     #[error(
-        "unsupported method `{0}` (expected trust, password, md5, scram-sha-256, cert or reject)"
+        "unsupported method `{0}` (expected trust, password, md5, scram-sha-256, cert, peer or reject)"
     )]
     Method(String),
+    /// PostgreSQL's words.
+    #[error("peer authentication is only supported on local sockets")]
+    PeerNotLocal,
+    #[error("map is only supported with the peer method")]
+    MapWithoutPeer,
+    #[error("empty map name")]
+    EmptyMap,
     #[error("unsupported connection type `{0}` (expected host, hostssl, hostnossl or local)")]
     ConnectionType(String),
     #[error("expected one {0}")]
     ExpectedOne(&'static str),
     #[error("end of line before the {0} field")]
     EndOfLine(&'static str),
-    #[error("rule options are not supported, got `{0}`")]
+    #[error("rule options other than map=name are not supported, got `{0}`")]
     Options(String),
     #[error("unterminated quoted string")]
     UnterminatedQuote,
@@ -81,6 +91,8 @@ struct Rule {
     /// `None`: any address.
     address: Option<IpNet>,
     method: HbaMethod,
+    /// `map=name` (peer rules): the user name map of `auth.ident`.
+    map: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,8 +125,13 @@ pub struct Connection<'a> {
 /// What the rules decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
-    /// Authenticate with this method. `rule` names the rule.
-    Method { method: AuthMethod, rule: String },
+    /// Authenticate with this method. `rule` names the rule; `map` is its
+    /// user name map (peer).
+    Method {
+        method: AuthMethod,
+        rule: String,
+        map: Option<String>,
+    },
     /// A `reject` rule matched.
     Reject { rule: String },
     /// No rule matched.
@@ -124,9 +141,9 @@ pub enum Decision {
 /// One token of a rule column: its text and whether it was quoted (a quoted
 /// `all` is a name, not the keyword).
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Token {
-    text: String,
-    quoted: bool,
+pub(super) struct Token {
+    pub(super) text: String,
+    pub(super) quoted: bool,
 }
 
 impl Hba {
@@ -157,6 +174,10 @@ impl Hba {
                 (_, None) => return Err(at("address")(RuleError::HostWithoutAddress)),
                 (_, Some(a)) => address(a, None).map_err(at("address"))?,
             };
+            check_method(r.conn_type, r.method, r.map.as_deref()).map_err(|e| match e {
+                RuleError::PeerNotLocal => at("method")(e),
+                e => at("map")(e),
+            })?;
             out.push(Rule {
                 origin: format!("auth.hba[{i}]"),
                 conn_type: r.conn_type,
@@ -164,6 +185,7 @@ impl Hba {
                 users,
                 address,
                 method: r.method,
+                map: r.map.clone(),
             });
         }
         Ok(Hba { rules: out })
@@ -217,10 +239,17 @@ impl Hba {
             };
             let method_field = rest.next().ok_or(bad(RuleError::EndOfLine("method")))?;
             let method = method(&single(method_field, "method")?).map_err(bad)?;
-            if let Some(option) = rest.next() {
-                let text: Vec<_> = option.iter().map(|t| t.text.as_str()).collect();
-                return Err(bad(RuleError::Options(text.join(","))));
+            let mut map = None;
+            for option in rest {
+                match option.as_slice() {
+                    [t] if t.text.starts_with("map=") => map = Some(t.text[4..].to_string()),
+                    _ => {
+                        let text: Vec<_> = option.iter().map(|t| t.text.as_str()).collect();
+                        return Err(bad(RuleError::Options(text.join(","))));
+                    }
+                }
             }
+            check_method(conn_type, method, map.as_deref()).map_err(bad)?;
             rules.push(Rule {
                 origin: format!("{name}:{}", i + 1),
                 conn_type,
@@ -228,6 +257,7 @@ impl Hba {
                 users,
                 address,
                 method,
+                map,
             });
         }
         Ok(Hba { rules })
@@ -236,6 +266,13 @@ impl Hba {
     /// True if some rule authenticates with `method`.
     pub fn uses(&self, method: HbaMethod) -> bool {
         self.rules.iter().any(|r| r.method == method)
+    }
+
+    /// The user name maps the rules name, with where each rule is.
+    pub fn maps(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.rules
+            .iter()
+            .filter_map(|r| Some((r.map.as_deref()?, r.origin.as_str())))
     }
 
     /// True if some rule names a `+role` (membership must be asked of the server).
@@ -295,6 +332,7 @@ impl Hba {
                 Some(method) => Decision::Method {
                     method,
                     rule: rule_name,
+                    map: rule.map.clone(),
                 },
                 None => Decision::Reject { rule: rule_name },
             };
@@ -367,6 +405,19 @@ fn address(text: &str, netmask: Option<&str>) -> Result<Option<IpNet>, RuleError
     Ok(Some(IpNet::from(ip)))
 }
 
+/// Peer only on local rules (as PostgreSQL checks when it loads
+/// pg_hba.conf); a map only with peer, and named.
+fn check_method(conn_type: HbaType, method: HbaMethod, map: Option<&str>) -> Result<(), RuleError> {
+    if method == HbaMethod::Peer && conn_type != HbaType::Local {
+        return Err(RuleError::PeerNotLocal);
+    }
+    match map {
+        Some(_) if method != HbaMethod::Peer => Err(RuleError::MapWithoutPeer),
+        Some("") => Err(RuleError::EmptyMap),
+        _ => Ok(()),
+    }
+}
+
 fn method(text: &str) -> Result<HbaMethod, RuleError> {
     Ok(match text {
         "trust" => HbaMethod::Trust,
@@ -374,6 +425,7 @@ fn method(text: &str) -> Result<HbaMethod, RuleError> {
         "md5" => HbaMethod::Md5,
         "scram-sha-256" => HbaMethod::ScramSha256,
         "cert" => HbaMethod::Cert,
+        "peer" => HbaMethod::Peer,
         "reject" => HbaMethod::Reject,
         other => return Err(RuleError::Method(other.to_string())),
     })
@@ -381,7 +433,7 @@ fn method(text: &str) -> Result<HbaMethod, RuleError> {
 
 /// Splits a pg_hba.conf line into fields (whitespace-separated), each a
 /// comma-separated list of tokens; `"..."` quotes, `#` starts a comment.
-fn fields(line: &str) -> Result<Vec<Vec<Token>>, RuleError> {
+pub(super) fn fields(line: &str) -> Result<Vec<Vec<Token>>, RuleError> {
     let mut fields: Vec<Vec<Token>> = Vec::new();
     let mut field: Vec<Token> = Vec::new();
     let mut token = Token {
@@ -595,6 +647,14 @@ mod tests {
                 "line 1: rule options",
             ),
             (
+                "host all all 10.0.0.0/8 peer\n",
+                "line 1: peer authentication is only supported on local sockets",
+            ),
+            (
+                "local all all md5 map=x\n",
+                "line 1: map is only supported with the peer method",
+            ),
+            (
                 "hostgssenc all all all trust\n",
                 "line 1: unsupported connection type",
             ),
@@ -621,6 +681,53 @@ mod tests {
             Hba::from_config(&rules).unwrap_err().key,
             "auth.hba[0].address"
         );
+    }
+
+    #[tokio::test]
+    async fn peer_rules_are_local_and_carry_their_map() {
+        let hba = Hba::parse_file(
+            "local app alice peer map=local\nlocal all all peer\nhost all all all md5\n",
+            "f",
+        )
+        .unwrap();
+        assert_eq!(
+            decide(&hba, conn("[local]", false, "app", "alice")).await,
+            Decision::Method {
+                method: AuthMethod::Peer,
+                rule: "f:1".into(),
+                map: Some("local".into())
+            }
+        );
+        assert_eq!(
+            decide(&hba, conn("[local]", false, "other", "bob")).await,
+            Decision::Method {
+                method: AuthMethod::Peer,
+                rule: "f:2".into(),
+                map: None
+            }
+        );
+        assert_eq!(hba.maps().collect::<Vec<_>>(), [("local", "f:1")]);
+        let rules: Vec<HbaRuleConfig> = serde_yaml::from_str(
+            "- { type: local, database: all, user: all, method: peer, map: m }\n",
+        )
+        .unwrap();
+        assert_eq!(Hba::from_config(&rules).unwrap().maps().count(), 1);
+        for (yaml, key, message) in [
+            (
+                "- { type: host, database: all, user: all, address: all, method: peer }\n",
+                "auth.hba[0].method",
+                "peer authentication is only supported on local sockets",
+            ),
+            (
+                "- { type: local, database: all, user: all, method: trust, map: m }\n",
+                "auth.hba[0].map",
+                "map is only supported with the peer method",
+            ),
+        ] {
+            let rules: Vec<HbaRuleConfig> = serde_yaml::from_str(yaml).unwrap();
+            let issue = Hba::from_config(&rules).unwrap_err();
+            assert_eq!((issue.key.as_str(), issue.message.as_str()), (key, message));
+        }
     }
 
     #[test]

@@ -8,6 +8,9 @@
 //! - [`credentials`]: where secrets come from (config, `auth.file`, `auth.query`).
 //! - [`hba`]: the rules that pick the method or refuse the connection.
 //! - [`cert`]: the user name in a client certificate.
+//! - [`peer`], [`ident`]: the operating-system user of a Unix-socket
+//!   client, and the user name maps (pg_ident.conf) that let it log in as
+//!   another user.
 //! - [`secret`], [`attempt`]: stored secrets; the record of an outcome.
 
 pub(crate) mod attempt;
@@ -15,6 +18,8 @@ pub(crate) mod auth_query;
 pub(crate) mod cert;
 pub(crate) mod credentials;
 pub mod hba;
+pub mod ident;
+pub mod peer;
 pub mod secret;
 pub mod userlist;
 
@@ -84,6 +89,9 @@ pub struct Challenge<'a> {
     /// The certificate the client presented over TLS, already verified
     /// against `tls.ca`.
     pub certificate: Option<&'a CertificateDer<'static>>,
+    /// Who the kernel says a Unix-socket client is (for `peer`); `None`
+    /// for a TCP client.
+    pub peer: Option<peer::PeerIdentity<'a>>,
     /// Salts the fake SCRAM exchange that hides whether a user exists.
     pub mock_key: &'a [u8],
 }
@@ -122,6 +130,7 @@ where
         known,
         secret,
         certificate,
+        peer,
         mock_key,
     } = *challenge;
     let unknown = || {
@@ -161,6 +170,7 @@ where
             }
         }
         AuthMethod::Cert => check_certificate(user, known, certificate),
+        AuthMethod::Peer => peer::check(user, known, peer.as_ref()),
         // As in PostgreSQL: md5 with a SCRAM-only secret is done with SCRAM.
         AuthMethod::Md5 if secret.is_none_or(|s| s.md5_hash(user).is_some()) => {
             let mut salt = [0u8; 4];

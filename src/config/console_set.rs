@@ -138,6 +138,8 @@ fn assign(
         "auth.cache_ttl" => put!(c.auth.cache_ttl),
         "auth.hba" => put!(c.auth.hba),
         "auth.hba_file" => put!(c.auth.hba_file),
+        "auth.ident" => put!(c.auth.ident),
+        "auth.ident_file" => put!(c.auth.ident_file),
         "admin.users" => put!(c.admin.users),
         "admin.stats_users" => put!(c.admin.stats_users),
         "hooks.enabled" => put!(c.hooks.enabled),

@@ -89,6 +89,10 @@ pub enum AuthMethod {
     /// A TLS client certificate whose CN is the user name.
     #[serde(rename = "cert")]
     Cert,
+    /// The operating-system user of a Unix-socket client (SO_PEERCRED),
+    /// the user name or mapped to it (`auth.ident`).
+    #[serde(rename = "peer")]
+    Peer,
 }
 
 impl AuthMethod {
@@ -100,6 +104,7 @@ impl AuthMethod {
             AuthMethod::Md5 => "md5",
             AuthMethod::ScramSha256 => "scram-sha-256",
             AuthMethod::Cert => "cert",
+            AuthMethod::Peer => "peer",
         }
     }
 }
@@ -401,6 +406,21 @@ pub struct AuthConfig {
     pub hba: Option<Vec<HbaRuleConfig>>,
     /// The same rules in pg_hba.conf format.
     pub hba_file: Option<std::path::PathBuf>,
+    /// User name maps for `peer` rules (`map=name`), as pg_ident.conf.
+    pub ident: Option<Vec<IdentEntryConfig>>,
+    /// The same maps in pg_ident.conf format.
+    pub ident_file: Option<std::path::PathBuf>,
+}
+
+/// One entry of `auth.ident`, with pg_ident.conf's columns as keys.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdentEntryConfig {
+    pub map: String,
+    /// The operating-system user; `/regex` for an expression.
+    pub system_user: String,
+    /// The database user; `\1` is the expression's first group, `all` any.
+    pub user: String,
 }
 
 impl Default for AuthConfig {
@@ -414,6 +434,8 @@ impl Default for AuthConfig {
             cache_ttl: defaults::auth_cache_ttl(),
             hba: None,
             hba_file: None,
+            ident: None,
+            ident_file: None,
         }
     }
 }

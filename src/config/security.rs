@@ -147,6 +147,9 @@ pub enum HbaMethod {
     ScramSha256,
     #[serde(rename = "cert")]
     Cert,
+    /// Local rules only.
+    #[serde(rename = "peer")]
+    Peer,
     #[serde(rename = "reject")]
     Reject,
 }
@@ -160,6 +163,7 @@ impl HbaMethod {
             HbaMethod::Md5 => AuthMethod::Md5,
             HbaMethod::ScramSha256 => AuthMethod::ScramSha256,
             HbaMethod::Cert => AuthMethod::Cert,
+            HbaMethod::Peer => AuthMethod::Peer,
             HbaMethod::Reject => return None,
         })
     }
@@ -177,6 +181,8 @@ pub struct HbaRuleConfig {
     /// CIDR, a single address, or `all`; absent for `local`.
     pub address: Option<String>,
     pub method: HbaMethod,
+    /// A `peer` rule's user name map (`auth.ident`).
+    pub map: Option<String>,
 }
 
 /// Checks that the security keys fit together.
@@ -266,6 +272,18 @@ pub(super) fn validate(config: &Config) -> Result<(), ConfigIssue> {
         return Err(err(
             "auth.cache_ttl",
             "expected a number of seconds (0 caches nothing; at most a century)".into(),
+        ));
+    }
+    if auth.method == AuthMethod::Peer && config.unix_socket_dir.is_none() {
+        return Err(err(
+            "auth.method",
+            "peer authentication is only supported on local sockets: set unix_socket_dir".into(),
+        ));
+    }
+    if auth.ident.is_some() && auth.ident_file.is_some() {
+        return Err(err(
+            "auth.ident_file",
+            "expected either auth.ident or auth.ident_file, not both".into(),
         ));
     }
     if auth.hba.is_some() && auth.hba_file.is_some() {
@@ -374,6 +392,20 @@ mod tests {
         assert_eq!(
             key_of("auth: { hba: [], hba_file: pg_hba.conf }\n"),
             "auth.hba_file"
+        );
+    }
+
+    #[test]
+    fn peer_needs_the_unix_socket_and_one_source_of_maps() {
+        assert_eq!(key_of("auth: { method: peer }\n"), "auth.method");
+        Config::from_yaml(
+            "unix_socket_dir: /run/usher\nauth: { method: peer }\n",
+            "s.yaml",
+        )
+        .unwrap();
+        assert_eq!(
+            key_of("auth: { ident: [], ident_file: pg_ident.conf }\n"),
+            "auth.ident_file"
         );
     }
 }

@@ -142,6 +142,8 @@ pub const SETTINGS: &[SettingSpec] = &[
     s("auth.cache_ttl", Value("10"), NewClients, HIDE),
     s("auth.hba", Text("none"), NewClients, HIDE),
     s("auth.hba_file", Text("none"), NewClients, HIDE),
+    s("auth.ident", Text("none"), NewClients, HIDE),
+    s("auth.ident_file", Text("none"), NewClients, HIDE),
     // A database whose servers (host, port, hosts, target, load_balance),
     // dbname or tls change reconnects.
     s("databases.<name>.host", Value("127.0.0.1"), Live, HIDE),

@@ -10,6 +10,7 @@ use super::login_slots::LoginSlots;
 use super::peers::Peers;
 use super::prepared::StatementRegistry;
 use crate::auth::hba::Hba;
+use crate::auth::ident::IdentMap;
 use crate::auth::{AuthAttempt, Credentials};
 use crate::client_addr::ClientHost;
 use crate::config::reload_guard::Provides;
@@ -40,6 +41,9 @@ pub struct ConfigSnapshot {
     pub credentials: Credentials,
     /// `auth.hba` / `auth.hba_file`; `None`: every client uses `auth.method`.
     pub hba: Option<Hba>,
+    /// `auth.ident` / `auth.ident_file`: the user name maps of peer rules
+    /// (empty without them).
+    pub ident: IdentMap,
     /// Client-facing TLS; `None` when `tls.mode` is disable.
     pub client_tls: Option<ClientTls>,
     /// TLS towards each database's server.
@@ -275,6 +279,37 @@ impl ConfigSnapshot {
             }
             (None, None) => None,
         };
+        let ident = match (&config.auth.ident, &config.auth.ident_file) {
+            (Some(entries), _) => {
+                IdentMap::from_config(entries).map_err(|i| i.in_file(&config.source))?
+            }
+            (None, Some(path)) => {
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    err(
+                        "auth.ident_file",
+                        format!("cannot read {}: {e}", path.display()),
+                    )
+                })?;
+                IdentMap::parse_file(&text)
+                    .map_err(|m| err("auth.ident_file", format!("{}: {m}", path.display())))?
+            }
+            (None, None) => IdentMap::default(),
+        };
+        // A map no entry has would refuse every login of its rules.
+        if let Some((map, rule)) = hba
+            .iter()
+            .flat_map(Hba::maps)
+            .find(|(map, _)| !ident.has_map(map))
+        {
+            return Err(err(
+                if config.auth.hba.is_some() {
+                    "auth.hba"
+                } else {
+                    "auth.hba_file"
+                },
+                format!("{rule}: map `{map}` has no entry in auth.ident or auth.ident_file"),
+            ));
+        }
         let verifies_clients = client_tls.as_ref().is_some_and(|t| t.verifies_clients);
         if hba.as_ref().is_some_and(|h| h.uses(HbaMethod::Cert)) && !verifies_clients {
             return Err(err(
@@ -296,8 +331,33 @@ impl ConfigSnapshot {
             config: Arc::new(config),
             credentials,
             hba,
+            ident,
             client_tls,
             server_tls,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peer_rules_map_must_have_entries() {
+        let yaml = |ident: &str| {
+            format!(
+                "unix_socket_dir: /run/usher\nauth:\n  hba:\n    - {{ type: local, database: all, user: all, method: peer, map: m }}\n{ident}"
+            )
+        };
+        let config = Config::from_yaml(&yaml(""), "t.yaml").unwrap();
+        let e = ConfigSnapshot::build(config).unwrap_err();
+        assert_eq!(e.key, "auth.hba");
+        assert!(e.message.contains("map `m` has no entry"), "{}", e.message);
+        let config = Config::from_yaml(
+            &yaml("  ident: [ { map: m, system_user: root, user: alice } ]\n"),
+            "t.yaml",
+        )
+        .unwrap();
+        assert!(ConfigSnapshot::build(config).unwrap().ident.has_map("m"));
     }
 }

@@ -273,12 +273,23 @@ async fn login<'a>(
     };
     progress.user_exists = lookup.exists;
 
-    let method = match choose_method(snapshot, stream.is_tls(), addr.host(), &user, &database).await
-    {
-        Ok(method) => method,
-        Err((outcome, error)) => return refuse(deps, progress, outcome, error).await,
-    };
+    let (method, map) =
+        match choose_method(snapshot, stream.is_tls(), addr.host(), &user, &database).await {
+            Ok(chosen) => chosen,
+            Err((outcome, error)) => return refuse(deps, progress, outcome, error).await,
+        };
     progress.method = Some(method);
+    // peer: the operating-system user of the socket's peer.
+    let local = addr.local_peer().filter(|_| method == AuthMethod::Peer);
+    let system_user = match local {
+        Some(p) => auth::peer::system_user(p.uid).await,
+        None => None,
+    };
+    let peer = local.map(|p| auth::peer::PeerIdentity {
+        uid: p.uid,
+        system_user: system_user.as_deref(),
+        map: map.as_deref().map(|m| (m, &snapshot.ident)),
+    });
 
     // Cloned: authentication borrows the stream while it reads the certificate.
     let certificate = stream.peer_certificate().cloned();
@@ -288,6 +299,7 @@ async fn login<'a>(
         known: lookup.exists,
         secret: lookup.secret.as_ref(),
         certificate: certificate.as_ref(),
+        peer,
         mock_key: &deps.mock_key,
     };
     // The lockout again when the password or proof arrives: logins that
@@ -618,16 +630,16 @@ impl Drop for PoolClaim<'_> {
     }
 }
 
-/// Picks the method for this connection, or refuses it: TLS when
-/// `tls.mode` is require (TCP clients only), then the HBA rules (or
-/// `auth.method` without them).
+/// Picks the method for this connection (and a peer rule's user name map),
+/// or refuses it: TLS when `tls.mode` is require (TCP clients only), then
+/// the HBA rules (or `auth.method` without them).
 async fn choose_method(
     snapshot: &ConfigSnapshot,
     tls: bool,
     host: ClientHost,
     user: &str,
     database: &str,
-) -> Result<AuthMethod, (AuthOutcome, PgError)> {
+) -> Result<(AuthMethod, Option<String>), (AuthOutcome, PgError)> {
     // As the messages quote them.
     let (u, d) = (shown_name(user), shown_name(database));
     // The Unix-domain socket never crosses a network (and has no TLS):
@@ -646,7 +658,7 @@ async fn choose_method(
         return Err((AuthOutcome::TlsRequired, e));
     }
     let Some(hba) = &snapshot.hba else {
-        return Ok(snapshot.config.auth.method);
+        return Ok((snapshot.config.auth.method, None));
     };
     let conn = Connection {
         host,
@@ -674,9 +686,9 @@ async fn choose_method(
         ))
     };
     match decision {
-        Decision::Method { method, rule } => {
+        Decision::Method { method, rule, map } => {
             tracing::debug!(user, database, rule = %rule, method = %method, "HBA rule matched");
-            Ok(method)
+            Ok((method, map))
         }
         Decision::Reject { rule } => {
             tracing::debug!(user, database, rule = %rule, "HBA rule rejects");

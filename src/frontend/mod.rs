@@ -17,6 +17,8 @@
 //! - [`spare_buffers`]: forwarding buffers kept per thread between transactions.
 //! - [`abandon`]: a server connection its client left busy: cancelled,
 //!   drained and reused, or closed once its backend is gone.
+//! - [`lost_block`]: a transaction whose server died: the client stays,
+//!   and is answered as in an aborted block until it ends it.
 
 mod abandon;
 pub(crate) mod budget;
@@ -26,6 +28,7 @@ pub mod deps;
 pub(crate) mod flow;
 pub(crate) mod login;
 pub(crate) mod login_slots;
+pub(crate) mod lost_block;
 pub(crate) mod params;
 pub mod peers;
 pub mod prepared;

@@ -967,6 +967,81 @@ pub fn prepared_command(sql: &[u8]) -> Option<SqlPrepared<'_>> {
     Some(command)
 }
 
+/// What a text's first statement does to a transaction block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockControl {
+    /// BEGIN or START TRANSACTION.
+    Begins,
+    /// It is one statement that ends the block ([`ends_transaction`]).
+    Ends,
+}
+
+/// Whether `sql` begins or ends a transaction block (its first word, and
+/// for an end the whole text): what the session needs to know should the
+/// server die under it (`session/server_lost.rs`).
+pub fn block_control(sql: &[u8]) -> Option<BlockControl> {
+    let (word, _) = word_at(sql, skip_space(sql, 0))?;
+    let is = |w: &[u8]| word.eq_ignore_ascii_case(w);
+    if is(b"begin") || is(b"start") {
+        Some(BlockControl::Begins)
+    } else if (is(b"commit") || is(b"end") || is(b"rollback") || is(b"abort") || is(b"prepare"))
+        && ends_transaction(sql)
+    {
+        Some(BlockControl::Ends)
+    } else {
+        None
+    }
+}
+
+/// Whether `sql` is one statement that ends a transaction block, as
+/// PostgreSQL's `IsTransactionExitStmt` accepts in an aborted one: COMMIT,
+/// END, ROLLBACK or ABORT (with WORK or TRANSACTION, and AND NO CHAIN),
+/// or PREPARE TRANSACTION; in an aborted block each answers ROLLBACK.
+/// ROLLBACK TO SAVEPOINT and AND CHAIN are not (the block they would go
+/// on with is gone). Read when a client's server connection died inside
+/// its transaction (`super::lost_block`).
+pub fn ends_transaction(sql: &[u8]) -> bool {
+    let at = skip_space(sql, 0);
+    let Some((word, mut at)) = word_at(sql, at) else {
+        return false;
+    };
+    let exit = [&b"commit"[..], b"end", b"rollback", b"abort"]
+        .iter()
+        .any(|w| word.eq_ignore_ascii_case(w));
+    if exit {
+        at = skip_space(sql, at);
+        if keyword_is(sql, at, b"work") || keyword_is(sql, at, b"transaction") {
+            at = skip_space(sql, word_end(sql, at));
+        }
+        if keyword_is(sql, at, b"and") {
+            at = skip_space(sql, at + 3);
+            if !keyword_is(sql, at, b"no") {
+                return false;
+            }
+            at = skip_space(sql, at + 2);
+            if !keyword_is(sql, at, b"chain") {
+                return false;
+            }
+            at += "chain".len();
+        }
+    } else if word.eq_ignore_ascii_case(b"prepare") {
+        at = skip_space(sql, at);
+        if !keyword_is(sql, at, b"transaction") {
+            return false;
+        }
+        at = skip_space(sql, at + "transaction".len());
+        // Its identifier, a string literal.
+        if sql.get(at) != Some(&b'\'') {
+            return false;
+        }
+        at = skip_quoted(sql, at, b'\'', false);
+    } else {
+        return false;
+    }
+    let at = skip_space(sql, at);
+    statement_end(sql, at) == Some(at)
+}
+
 /// Past whitespace and comments.
 fn skip_space(sql: &[u8], mut at: usize) -> usize {
     loop {
@@ -1190,6 +1265,42 @@ fn statement_end(sql: &[u8], mut at: usize) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn transaction_exits_are_read_as_postgresql_reads_them() {
+        for sql in [
+            "ROLLBACK",
+            "rollback;",
+            "  /* c */ COMMIT WORK ; ",
+            "end transaction",
+            "ABORT AND NO CHAIN",
+            "PREPARE TRANSACTION 'gid'",
+            "commit;;",
+        ] {
+            assert!(ends_transaction(sql.as_bytes()), "{sql}");
+        }
+        for sql in [
+            "",
+            "SELECT 1",
+            "ROLLBACK TO SAVEPOINT a",
+            "COMMIT AND CHAIN",
+            "ROLLBACK; SELECT 1",
+            "commitx",
+            "PREPARE TRANSACTION",
+            "PREPARE q AS SELECT 1",
+            "END LOOP",
+        ] {
+            assert!(!ends_transaction(sql.as_bytes()), "{sql}");
+        }
+        assert_eq!(block_control(b" BEGIN"), Some(BlockControl::Begins));
+        assert_eq!(
+            block_control(b"start transaction read only"),
+            Some(BlockControl::Begins)
+        );
+        assert_eq!(block_control(b"commit"), Some(BlockControl::Ends));
+        assert_eq!(block_control(b"commit and chain"), None);
+        assert_eq!(block_control(b"select 1"), None);
+    }
 
     fn one(name: &str, local: bool) -> Reset {
         Reset::One {

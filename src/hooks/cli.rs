@@ -6,12 +6,30 @@ use super::query::QueryPool;
 use super::roles::RoleCache;
 use super::shared::SharedStore;
 use super::{ClientInfo, ConnectionCtx, Dispatcher, Event, Hook, SessionCtx, SessionReason, Vars};
+use crate::client_addr::{ClientAddr, LocalPeer};
 use crate::config::{Config, PoolMode};
 use crate::hooks::lua::LuaSettings;
 use clap::Subcommand;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// `hooks try --addr`: an IP address, or `unix`.
+#[derive(Debug, Clone, Copy)]
+pub enum ClientAddrArg {
+    Ip(std::net::IpAddr),
+    Unix,
+}
+
+fn made_up_addr(text: &str) -> Result<ClientAddrArg, String> {
+    match text {
+        "unix" => Ok(ClientAddrArg::Unix),
+        ip => ip
+            .parse()
+            .map(ClientAddrArg::Ip)
+            .map_err(|_| format!("expected an IP address or `unix`, got `{ip}`")),
+    }
+}
 
 #[derive(Debug, Subcommand)]
 pub enum HooksCommand {
@@ -25,9 +43,9 @@ pub enum HooksCommand {
         user: String,
         #[arg(long, default_value = "postgres")]
         database: String,
-        /// Client address.
-        #[arg(long, default_value = "127.0.0.1")]
-        addr: std::net::IpAddr,
+        /// Client address, or `unix` for a client of the Unix-domain socket.
+        #[arg(long, default_value = "127.0.0.1", value_parser = made_up_addr)]
+        addr: ClientAddrArg,
         #[arg(long, default_value = "")]
         application_name: String,
         /// session or transaction (default: the configured pool mode).
@@ -140,7 +158,15 @@ pub fn run(config: &Config, command: HooksCommand) -> ExitCode {
                         ("application_name".to_string(), application_name),
                     ]
                     .into(),
-                    addr: std::net::SocketAddr::new(addr, 50000).into(),
+                    addr: match addr {
+                        ClientAddrArg::Ip(ip) => std::net::SocketAddr::new(ip, 50000).into(),
+                        ClientAddrArg::Unix => ClientAddr::Local(LocalPeer {
+                            uid: 0,
+                            gid: 0,
+                            pid: None,
+                            port: config.listen.port(),
+                        }),
+                    },
                     tls: None,
                     auth_method: config.auth.method.as_str(),
                     pool_mode,
@@ -230,5 +256,17 @@ fn print_outcome(
     }
     for (k, v) in vars {
         println!("var: {k} = {v:?}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_made_up_client_is_an_ip_or_unix() {
+        assert!(matches!(made_up_addr("10.1.2.3"), Ok(ClientAddrArg::Ip(_))));
+        assert!(matches!(made_up_addr("unix"), Ok(ClientAddrArg::Unix)));
+        assert!(made_up_addr("localhost").is_err());
     }
 }

@@ -603,6 +603,15 @@ impl Pool {
             tokio::pin!(changed);
             changed.as_mut().enable();
             let now = Instant::now();
+            if now >= deadline {
+                // No attempt past the deadline while the server is down.
+                if let Some(error) = self.outage.last_error() {
+                    return Err(CheckoutError::ServerDown {
+                        error,
+                        waited: now.saturating_duration_since(started),
+                    });
+                }
+            }
             let fast_fail = self.slots.settings().server_fast_fail;
             let until = match self.outage.turn(now, seen, fast_fail) {
                 Turn::Open => return Ok(Ok(None)),
@@ -610,16 +619,6 @@ impl Pool {
                 Turn::Refused(e) => return Err(CheckoutError::Connect(e)),
                 Turn::Wait(until) => until.map_or(deadline, |u| u.min(deadline)),
             };
-            if now >= deadline {
-                let error = self.outage.last_error();
-                return Err(match error {
-                    Some(error) => CheckoutError::ServerDown {
-                        error,
-                        waited: now.saturating_duration_since(started),
-                    },
-                    None => CheckoutError::Closed,
-                });
-            }
             waiting.get_or_insert_with(|| Waiting::new(&self.stats));
             tokio::select! {
                 biased;

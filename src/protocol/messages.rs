@@ -146,6 +146,20 @@ pub fn empty_query_response(buf: &mut BytesMut) {
     finish(buf, s);
 }
 
+/// A message with an empty body (ParseComplete, BindComplete,
+/// CloseComplete, NoData): `tag` is one of `tags::backend`'s.
+pub fn empty_message(buf: &mut BytesMut, tag: u8) {
+    let s = begin(buf, tag);
+    finish(buf, s);
+}
+
+/// ParameterDescription of a statement without parameters.
+pub fn no_parameters(buf: &mut BytesMut) {
+    let s = begin(buf, b't');
+    buf.put_u16(0);
+    finish(buf, s);
+}
+
 /// A whole message: its type byte and its body (without the length).
 #[derive(Debug, Clone)]
 pub struct Message {
@@ -262,6 +276,18 @@ pub fn with_error_field(body: &[u8], field: u8, value: &[u8]) -> Option<Vec<u8>>
         rest = &after[end + 1..];
     }
     None
+}
+
+/// An ErrorResponse body as a [`PgError`] (code, message, detail, hint;
+/// ERROR severity: the caller says what it is to the client); `None`
+/// without a code and a message.
+pub fn error_from_body(body: &[u8]) -> Option<PgError> {
+    let text = |f| error_field(body, f).map(|v| String::from_utf8_lossy(v).into_owned());
+    let code = text(b'C')?;
+    let mut e = PgError::error(&code, text(b'M')?);
+    e.detail = text(b'D');
+    e.hint = text(b'H');
+    Some(e)
 }
 
 /// Field `field` of an ErrorResponse or NoticeResponse body.

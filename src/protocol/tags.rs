@@ -36,8 +36,10 @@ pub mod backend {
     pub const EMPTY_QUERY_RESPONSE: u8 = b'I';
     pub const ERROR_RESPONSE: u8 = b'E';
     pub const NEGOTIATE_PROTOCOL_VERSION: u8 = b'v';
+    pub const NO_DATA: u8 = b'n';
     pub const NOTICE_RESPONSE: u8 = b'N';
     pub const NOTIFICATION_RESPONSE: u8 = b'A';
+    pub const PARAMETER_DESCRIPTION: u8 = b't';
     pub const PARAMETER_STATUS: u8 = b'S';
     pub const PARSE_COMPLETE: u8 = b'1';
     pub const READY_FOR_QUERY: u8 = b'Z';

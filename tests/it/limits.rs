@@ -114,8 +114,10 @@ async fn server_connect_timeout_bounds_a_server_that_never_answers() {
             held.push(s);
         }
     });
+    // The login waits for the server up to query_wait_timeout, then gets
+    // the last attempt's error.
     let yaml = format!(
-        "listen: 127.0.0.1:0\nauth: {{ method: trust }}\nserver_connect_timeout: 0.5\ndatabases:\n  app: {{ port: {port} }}\nusers:\n  alice: {{ password: x }}\n"
+        "listen: 127.0.0.1:0\nauth: {{ method: trust }}\nserver_connect_timeout: 0.5\nquery_wait_timeout: 1\ndatabases:\n  app: {{ port: {port} }}\nusers:\n  alice: {{ password: x }}\n"
     );
     let usher = Usher::start_yaml(&yaml).await;
     let started = Instant::now();

@@ -13,7 +13,7 @@ use crate::common::console::console_at;
 use crate::common::wait::{wait_for_async, DEADLINE};
 use crate::common::{sqlstate, PgCluster, Usher, ALICE_PASSWORD, BOB_PASSWORD};
 use std::net::TcpListener;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -73,6 +73,145 @@ async fn pool_column(port: u16, database: &str, user: &str, column: &str) -> Opt
     rows.into_iter()
         .find(|r| r["database"].as_deref() == Some(database) && r["user"].as_deref() == Some(user))
         .and_then(|r| r[column].clone())
+}
+
+/// A load client at the end: its connection, and each turn's outcome.
+type Ran = (tokio_postgres::Client, Vec<Result<(), String>>);
+
+/// Clients that each run a statement every 50 ms until told to stop
+/// (every third turn a transaction block), keeping each turn's outcome.
+struct Load {
+    stop: Arc<AtomicBool>,
+    turns: Vec<Arc<AtomicU64>>,
+    tasks: Vec<tokio::task::JoinHandle<Ran>>,
+}
+
+impl Load {
+    async fn start(usher: &Usher, clients: usize) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (mut turns, mut tasks) = (Vec::new(), Vec::new());
+        for _ in 0..clients {
+            let client = usher.alice().await;
+            let (stop, done) = (stop.clone(), Arc::new(AtomicU64::new(0)));
+            turns.push(done.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut client = client;
+                let mut outcomes = Vec::new();
+                let mut i = 0i64;
+                while !stop.load(Ordering::Relaxed) && !client.is_closed() {
+                    i += 1;
+                    let turn = async {
+                        if i % 3 == 0 {
+                            let t = client.transaction().await?;
+                            let row = t.query_one("SELECT $1::int8 + 1", &[&i]).await?;
+                            assert_eq!(row.get::<_, i64>(0), i + 1);
+                            t.simple_query("SELECT 1").await?;
+                            t.commit().await
+                        } else {
+                            let row = client.query_one("SELECT $1::int8 * 2", &[&i]).await?;
+                            assert_eq!(row.get::<_, i64>(0), i * 2);
+                            Ok(())
+                        }
+                    };
+                    outcomes.push(
+                        turn.await
+                            .map_err(|e| format!("turn {i}: {:?} {e}", sqlstate(&e))),
+                    );
+                    done.fetch_add(1, Ordering::Relaxed);
+                    // The workload: a statement every 50 ms.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                (client, outcomes)
+            }));
+        }
+        Load { stop, turns, tasks }
+    }
+
+    /// Waits until every client has finished `more` turns from now (or
+    /// one has stopped: its connection closed).
+    async fn run_on(&self, more: u64) {
+        let from: Vec<u64> = self
+            .turns
+            .iter()
+            .map(|t| t.load(Ordering::Relaxed))
+            .collect();
+        wait_for_async(Duration::from_secs(60), "every client runs on", || async {
+            let now: Vec<u64> = self
+                .turns
+                .iter()
+                .map(|t| t.load(Ordering::Relaxed))
+                .collect();
+            if self.tasks.iter().any(|t| t.is_finished())
+                || now.iter().zip(&from).all(|(n, f)| n - f >= more)
+            {
+                Ok(())
+            } else {
+                Err(format!("{from:?} -> {now:?}"))
+            }
+        })
+        .await
+    }
+
+    async fn finish(self) -> Vec<Ran> {
+        self.stop.store(true, Ordering::Relaxed);
+        let mut all = Vec::new();
+        for t in self.tasks {
+            all.push(t.await.unwrap());
+        }
+        all
+    }
+}
+
+/// Issue 29's test: PostgreSQL stops (`pg_ctl stop -m fast`) for two
+/// seconds, twice, under 20 clients in transaction mode. A client's only
+/// errors are for statements in flight at a stop (`57P01`, as a direct
+/// connection gets it, or `08006`), at most one per stop; its connection to
+/// usher survives; and its next statement succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_stops_under_load_fail_only_the_statements_in_flight() {
+    let _one = STOPS.lock().await;
+    let pg = cluster();
+    let usher = Usher::start_yaml(&yaml(
+        pg.port,
+        "",
+        "pool_size: 10
+",
+    ))
+    .await;
+    let load = Load::start(&usher, 20).await;
+    load.run_on(5).await;
+    for _ in 0..2 {
+        stop(pg).await;
+        // Down for two seconds: time passing is the point.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        start(pg).await;
+        load.run_on(5).await;
+    }
+    for (n, (client, outcomes)) in load.finish().await.into_iter().enumerate() {
+        let errors: Vec<&String> = outcomes.iter().filter_map(|o| o.as_ref().err()).collect();
+        eprintln!("client {n}: {} turns, errors: {errors:?}", outcomes.len());
+        assert!(
+            !client.is_closed(),
+            "client {n} lost its connection: {errors:?}"
+        );
+        assert!(errors.len() <= 2, "client {n}: {errors:?}");
+        for e in &errors {
+            assert!(
+                e.contains("Some(\"57P01\")") || e.contains("Some(\"08006\")"),
+                "client {n}: {e}"
+            );
+        }
+        for pair in outcomes.windows(2) {
+            assert!(
+                pair[0].is_ok() || pair[1].is_ok(),
+                "client {n}: the statement after an error failed too: {pair:?}"
+            );
+        }
+        assert!(
+            outcomes.last().is_some_and(|o| o.is_ok()),
+            "client {n}: {outcomes:?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

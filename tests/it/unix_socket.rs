@@ -323,3 +323,114 @@ async fn a_rolling_restart_with_so_reuseport_leaves_the_new_ushers_socket() {
     after.simple_query("select 1").await.unwrap();
     drop(new);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_lets_the_mapped_os_user_in_and_refuses_the_rest_with_28000() {
+    use crate::common::attempts::expect_outcome;
+    use usher::auth::AuthOutcome;
+    let pg = PgCluster::shared();
+    let sockets = tempfile::tempdir().unwrap();
+    // The postgres OS user reaches the socket too.
+    std::fs::set_permissions(
+        sockets.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let usher = Usher::start(
+        pg,
+        &format!(
+            "unix_socket_dir: {}\nauth:\n  hba:\n\
+             \x20   - {{ type: local, database: all, user: all, method: peer, map: m }}\n\
+             \x20   - {{ type: host, database: all, user: all, address: all, method: scram-sha-256 }}\n\
+             \x20 ident:\n\
+             \x20   - {{ map: m, system_user: root, user: alice }}\n\
+             \x20   - {{ map: m, system_user: '/^(post)gres$', user: 'bob' }}\n",
+            sockets.path().display()
+        ),
+    )
+    .await;
+    let (dir, port) = (sockets.path(), usher.addr.port());
+    let mut attempts = usher.app.auth_attempts();
+
+    // These tests run as root; the map lets root in as alice, whatever
+    // password the client has (none is asked for).
+    let alice = connect_unix(dir, port, "alice", "not-asked", "app")
+        .await
+        .expect("root is alice through the map");
+    let who: String = alice
+        .query_one("select current_user::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(who, "alice", "usher logged in to the server as alice");
+    let a = expect_outcome(&mut attempts, "alice", AuthOutcome::Success).await;
+    assert_eq!(a.method, "peer");
+    assert_eq!(a.client_addr.shown(), "unix");
+
+    // Root is not bob: refused as PostgreSQL refuses.
+    let e = connect_unix(dir, port, "bob", BOB_PASSWORD, "app")
+        .await
+        .unwrap_err();
+    let db = e.as_db_error().expect("an error from usher");
+    assert_eq!(
+        (db.code().code(), db.message()),
+        ("28000", "Peer authentication failed for user \"bob\"")
+    );
+    expect_outcome(&mut attempts, "bob", AuthOutcome::WrongPassword).await;
+    // A user usher does not know is told the same.
+    let e = connect_unix(dir, port, "nobody_here", "x", "app")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.as_db_error().map(|d| d.message().to_string()),
+        Some("Peer authentication failed for user \"nobody_here\"".into())
+    );
+
+    // Another OS user (postgres, uid 101 here), matched by the expression.
+    let out = tokio::process::Command::new("runuser")
+        .args(["-u", "postgres", "--", "psql", "-X", "-t", "-A", "-d"])
+        .arg(format!(
+            "host={} port={port} user=bob dbname=app",
+            dir.display()
+        ))
+        .args(["-c", "select current_user"])
+        .env_remove("PGPASSWORD")
+        .output()
+        .await
+        .expect("runuser runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "bob");
+
+    // TCP clients never match local rules: the host rule asks for a password.
+    let e = usher.connect_as("alice", "not-asked").await.unwrap_err();
+    assert_eq!(sqlstate(&e).as_deref(), Some("28P01"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_as_auth_method_refuses_tcp_clients_as_postgres_would() {
+    let pg = PgCluster::shared();
+    let sockets = tempfile::tempdir().unwrap();
+    let usher = Usher::start(
+        pg,
+        &format!(
+            "unix_socket_dir: {}\nauth:\n  method: peer\n",
+            sockets.path().display()
+        ),
+    )
+    .await;
+    let e = usher.connect_as("alice", ALICE_PASSWORD).await.unwrap_err();
+    let db = e.as_db_error().expect("an error from usher");
+    assert_eq!(
+        (db.code().code(), db.message()),
+        ("28000", "Peer authentication failed for user \"alice\"")
+    );
+    // Without a map, root may log in only as `root`.
+    let e = connect_unix(sockets.path(), usher.addr.port(), "alice", "x", "app")
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&e).as_deref(), Some("28000"));
+}

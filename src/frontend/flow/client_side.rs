@@ -62,7 +62,13 @@ impl Flow {
                 }
                 Some(effects)
             }
-            frontend::PARSE => Some(sql_scan::scan_parse(body)),
+            frontend::PARSE => {
+                // Its segment is the one its Sync ends.
+                if let Some(text) = super::super::lost_block::parse_text(body) {
+                    self.block_control(text, self.syncs_sent + 1);
+                }
+                Some(sql_scan::scan_parse(body))
+            }
             frontend::BIND if !self.pinning_statements.is_empty() => {
                 self.bind_pins(body).map(|pins| Effects {
                     pins,
@@ -110,6 +116,11 @@ impl Flow {
                 self.syncs_sent += 1;
                 if tag == frontend::QUERY {
                     self.last_query = self.syncs_sent;
+                }
+                if tag == frontend::QUERY {
+                    if let Some((_, text)) = body.split_last() {
+                        self.block_control(text, self.syncs_sent);
+                    }
                 }
                 ClientStep::Forward
             }
@@ -339,5 +350,19 @@ impl Flow {
     /// usher sent a Sync of its own (closing a pipeline a client left).
     pub fn sync_added(&mut self) {
         self.segment_sent();
+    }
+}
+
+impl Flow {
+    /// Notes a statement text of segment `segment` that begins or ends a
+    /// transaction block: should the server die with segments in flight,
+    /// the session tells from them whether the client is left in a block
+    /// (`session/server_lost.rs`). One look at the first word.
+    fn block_control(&mut self, text: &[u8], segment: u64) {
+        match sql_scan::block_control(text) {
+            Some(sql_scan::BlockControl::Begins) => self.begin_segment = segment,
+            Some(sql_scan::BlockControl::Ends) => self.exit_segment = segment,
+            None => {}
+        }
     }
 }

@@ -30,6 +30,7 @@
 //! and `pinning.rs` (pins, slots, refusals); `tests/` drive a flow with
 //! byte fixtures, as `protocol/frames.rs` is tested.
 
+use super::lost_block::LostBlock;
 use super::prepared::{self, Answer, Prepares, QueryRewrite, ResponsePlan, Segment};
 use super::sql_scan::{self, Effects, PinKinds, SqlPrepared};
 use super::unnamed::Use;
@@ -134,6 +135,12 @@ pub enum ServerStep {
     /// A server error names one of usher's statements: send it with the
     /// client's name instead (`ClientStatements::error_in_client_names`).
     NameStatements,
+    /// The server's FATAL, in transaction mode: the server ends the
+    /// connection after it. Hold it: once the connection is seen closed,
+    /// the session tells the client as ERROR and keeps it if only the
+    /// server's leg died (`session/server_lost.rs`), else sends it as it
+    /// came.
+    Fatal,
     /// A ReadyForQuery (nothing else in flight) after statements that may
     /// have reset settings: on the server connection a reset went to the
     /// server's default. Before the client hears it, the session puts back
@@ -267,6 +274,15 @@ pub struct Flow {
     copy_end: Option<u64>,
     /// The number (`syncs_sent`) of the last Query sent.
     last_query: u64,
+    /// The segments (numbered as `syncs_sent` counts them; 0: none) of the
+    /// last BEGIN and of the last COMMIT, ROLLBACK, END or ABORT sent:
+    /// whether a block is open if the server dies with them in flight.
+    begin_segment: u64,
+    exit_segment: u64,
+    /// The client's transaction block died with its server connection:
+    /// its messages are answered as in an aborted block until it ends it
+    /// (`super::lost_block`; the session walks them, no server is used).
+    lost: Option<Box<LostBlock>>,
 }
 
 /// What an extended-protocol segment held, for the replay's safety.
@@ -366,6 +382,9 @@ impl Flow {
             ddl_open,
             copy_end,
             last_query,
+            begin_segment,
+            exit_segment,
+            lost,
             plan: _,
             pinning_statements: _,
             refusals: _,
@@ -400,6 +419,9 @@ impl Flow {
         self.ddl_open = ddl_open;
         self.copy_end = copy_end;
         self.last_query = last_query;
+        self.begin_segment = begin_segment;
+        self.exit_segment = exit_segment;
+        self.lost = lost;
         self.plan.reset();
         self.pinning_statements.clear();
         self.refusals.clear();
@@ -446,6 +468,9 @@ impl Flow {
             ddl_open: false,
             copy_end: None,
             last_query: 0,
+            begin_segment: 0,
+            exit_segment: 0,
+            lost: None,
         }
     }
 }
@@ -553,6 +578,68 @@ impl Flow {
         self.copy = None;
     }
 
+    /// The server connection died (transaction mode), after the session
+    /// walked an answer for each segment in flight (see
+    /// `session/server_lost.rs`): what the client's statements did on it
+    /// died with it (settings, state that would pin, a COPY, a pipeline
+    /// not synced), and the flow starts over as after a release.
+    pub fn server_lost(&mut self) {
+        self.pending = 0;
+        self.unsynced = false;
+        self.status = status::IDLE;
+        self.copy_in = false;
+        self.copy_end = None;
+        self.server_fatal = false;
+        self.discarded = false;
+        self.effects = Effects::default();
+        self.resets_from = 0;
+        self.pins_seen = PinKinds::NONE;
+        self.unpins_seen = PinKinds::NONE;
+        self.refuse_next = None;
+        self.refusals.clear();
+        self.syncs_sent = self.ready_seen;
+        self.shape = Shape::default();
+        self.last_shape = Shape::default();
+        self.closing.clear();
+        self.ddl_open = false;
+        self.begin_segment = 0;
+        self.exit_segment = 0;
+        self.released();
+    }
+
+    /// Whether the client is (or may be) in a transaction block once the
+    /// segments in flight are answered, if the server died under them: it
+    /// was in one, or one of them began one; unless the last one sent ended
+    /// it (a COMMIT that fails ends the block as any failed COMMIT does).
+    /// Unsynced messages count as in the block they would join.
+    pub fn block_after_loss(&self) -> bool {
+        let open = !self.idle() || self.begin_segment > self.ready_seen;
+        let ended = self.exit_segment > self.ready_seen
+            && self.exit_segment >= self.begin_segment
+            && self.exit_segment == self.syncs_sent
+            && !self.unsynced;
+        open && !ended
+    }
+
+    /// Whether a block was open (or opened) before the last segment in
+    /// flight: the status its answer's predecessors carry.
+    pub fn block_before_last(&self) -> bool {
+        !self.idle()
+            || (self.begin_segment > self.ready_seen && self.begin_segment < self.syncs_sent)
+    }
+
+    /// The lost transaction block the client is in, if any (see
+    /// [`Flow::server_lost`]).
+    pub fn lost_block(&mut self) -> Option<&mut LostBlock> {
+        self.lost.as_deref_mut()
+    }
+
+    /// The client's transaction block is lost with its server: answer it
+    /// as an aborted block (`Some`) until it ends it (`None`).
+    pub fn set_lost_block(&mut self, block: Option<LostBlock>) {
+        self.lost = block.map(Box::new);
+    }
+
     /// Nothing here differs from a new flow's state in what it decides
     /// next: an idle client may then keep no flow at all (a new one is
     /// made when it speaks again).
@@ -575,6 +662,7 @@ impl Flow {
             && self.refusals.is_empty()
             && !self.schema_changed
             && !self.ddl_open
+            && self.lost.is_none()
             // Only their difference counts (refused segments).
             && self.syncs_sent == self.ready_seen
     }

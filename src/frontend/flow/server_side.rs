@@ -126,6 +126,16 @@ impl Flow {
                     Answer::Drop => ServerStep::Drop,
                 }
             }
+            backend::ERROR_RESPONSE
+                if self.mode == PoolMode::Transaction && messages::error_is_fatal(body) =>
+            {
+                self.server_fatal = true;
+                note = Some(Note::Error {
+                    code: messages::error_code(body).unwrap_or_default().to_vec(),
+                    stale: Vec::new(),
+                });
+                ServerStep::Fatal
+            }
             backend::ERROR_RESPONSE => {
                 self.server_fatal |= messages::error_is_fatal(body);
                 if self.rewriting {
@@ -245,6 +255,11 @@ impl Flow {
             self.resets_from = shift(self.resets_from);
         }
         self.copy = self.copy.map(shift);
+        for segment in [&mut self.begin_segment, &mut self.exit_segment] {
+            if *segment > 0 {
+                *segment = shift(*segment);
+            }
+        }
         self.plan.syncs_ignored(r, n);
     }
 

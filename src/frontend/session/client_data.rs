@@ -16,6 +16,10 @@ impl Session {
         let pool = self.pool.clone();
         let stats = &pool.stats;
         loop {
+            if fwd.flow.lost_block().is_some() && !self.answer_lost_block(client, fwd).await? {
+                // Still in the block its server took with it.
+                return Ok(());
+            }
             if rewriting && fwd.flow.quiet() && fwd.in_walker.at_boundary() {
                 // A new segment begins: copy it, for a replay. Only a
                 // segment that begins with a Bind is ever replayed: one

@@ -52,6 +52,7 @@ use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 mod client_data;
 mod serve_loop;
 mod server_data;
+mod server_lost;
 mod session_start;
 mod transaction;
 
@@ -145,6 +146,9 @@ struct Forwarding {
     lent_at: Instant,
     /// The server connection failed or was closed by the server.
     server_gone: bool,
+    /// The server's FATAL (transaction mode), held until its connection
+    /// is seen closed ([`ServerStep::Fatal`]).
+    fatal: Option<BytesMut>,
     flow: Box<Flow>,
     in_buf: BytesMut,
     out_buf: BytesMut,
@@ -410,6 +414,7 @@ impl Session {
             // no clock read for a phase that may not take one.
             lent_at: self.started,
             server_gone: false,
+            fatal: None,
             flow,
             in_buf: BytesMut::new(),
             out_buf: BytesMut::new(),

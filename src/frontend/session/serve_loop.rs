@@ -167,11 +167,15 @@ impl Session {
                     gone => {
                         // Nothing is left to cancel or recover on it.
                         fwd.server_gone = true;
-                        return match gone {
-                            _ if fwd.flow.server_fatal() => LoopEnd::ServerFatal,
-                            Err(e) => LoopEnd::Error(server_lost(&e.to_string())),
-                            _ => LoopEnd::Error(server_lost("server closed the connection unexpectedly")),
+                        let why = match gone {
+                            Err(e) => e.to_string(),
+                            _ => "server closed the connection unexpectedly".to_string(),
                         };
+                        // Boxed, as every rare step.
+                        if let Err(end) = Box::pin(self.server_gone(client, fwd, why)).await {
+                            return end;
+                        }
+                        LoopEvent::ServerLost
                     }
                 },
             };
@@ -186,7 +190,12 @@ impl Session {
                     forwarded
                 }
                 LoopEvent::ServerData => self.forward_server_data(client, fwd).await,
-                LoopEvent::ServerWritten | LoopEvent::Shutdown => Ok(()),
+                // What the client sent behind the lost transaction is
+                // answered now (lost_block).
+                LoopEvent::ServerLost if !fwd.in_buf.is_empty() => {
+                    Box::pin(self.forward_client_data(client, fwd)).await
+                }
+                LoopEvent::ServerWritten | LoopEvent::ServerLost | LoopEvent::Shutdown => Ok(()),
             };
             if result.is_ok() && std::mem::take(&mut fwd.replay) {
                 // A stale statement's segment goes again (ServerStep::Replay).
@@ -243,6 +252,8 @@ pub(super) enum LoopEvent {
     ServerData,
     /// Queued client bytes went (partly) to the server.
     ServerWritten,
+    /// The server connection died and the client stays (transaction mode).
+    ServerLost,
     Shutdown,
 }
 

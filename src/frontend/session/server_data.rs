@@ -67,6 +67,12 @@ impl Session {
                 written.map_err(|_| LoopEnd::ClientLeft)?;
             }
             match answer {
+                Some(ServerStep::Fatal) => {
+                    // Held, whole, until the connection is seen closed
+                    // (serve_loop: `Session::server_gone`).
+                    let whole = walked.held.expect("the walk stopped before it");
+                    fwd.fatal = Some(fwd.out_buf.split_to(whole));
+                }
                 Some(ServerStep::Settle { release }) => {
                     // The ReadyForQuery is whole at the front of the buffer.
                     let whole = walked.held.expect("the walk stopped before it");

@@ -2,6 +2,7 @@
 //! when the client holds state on it (pinning), given back.
 
 use super::*;
+use crate::backend::QueryError;
 
 impl Session {
     /// Transaction mode: the transaction is over; the server connection goes
@@ -41,7 +42,14 @@ impl Session {
             self.pool.checkin_at(checkout, now);
         } else {
             // The server said more after its last ReadyForQuery: not clean.
-            let _ = client.write_all(&fwd.out_buf).await;
+            // A notice or a notification goes to the client; an error is
+            // the server ending the connection (its FATAL at a shutdown):
+            // the client's transaction is over, and its next one gets
+            // another connection, so it is not told (an error it did not
+            // ask for would end a client library's connection).
+            if !says_error(&fwd.out_buf) {
+                let _ = client.write_all(&fwd.out_buf).await;
+            }
             self.pool.discard(checkout);
         }
         // Recorded once the connection is back: whoever sees the count
@@ -143,11 +151,38 @@ impl Session {
     }
 
     /// Borrows a server connection and brings it in line with the session:
-    /// parameters, and the bound on prepared statements it keeps.
+    /// parameters, and the bound on prepared statements it keeps. In
+    /// transaction mode a connection that dies under that (its server went
+    /// away while it was idle, and the check at checkout did not see it
+    /// yet) is replaced: nothing of the client's has reached it.
     pub(super) async fn begin_transaction(
         &mut self,
         client: &mut ClientStream,
     ) -> Result<Checkout, PgError> {
+        let mut replaced = 0;
+        loop {
+            match self.borrow_server(client).await? {
+                Ok(checkout) => return Ok(checkout),
+                Err(e) if replaced < REPLACE_DEAD && self.mode == PoolMode::Transaction => {
+                    replaced += 1;
+                    tracing::debug!(user = %self.client.user, database = %self.client.database, error = %e, "server connection died before the client's statement was sent; taking another");
+                }
+                Err(e) => {
+                    return Err(PgError::fatal(
+                        e.sqlstate(),
+                        format!("could not prepare the server connection: {e}"),
+                    ))
+                }
+            }
+        }
+    }
+
+    /// One try of [`Session::begin_transaction`]: `Ok(Err)` if the
+    /// connection broke while it was brought in line (it is closed).
+    async fn borrow_server(
+        &mut self,
+        client: &mut ClientStream,
+    ) -> Result<Result<Checkout, QueryError>, PgError> {
         self.registration.handle.waiting();
         let checkout = tokio::select! {
             biased;
@@ -180,6 +215,11 @@ impl Session {
         }
         match self.params.bring_in_line(conn, &sql, None).await {
             Ok(changed) => report_parameters(client, changed).await?,
+            Err(e @ QueryError::Wire(_)) => {
+                self.pool.discard(checkout);
+                self.registration.handle.set_server(None);
+                return Ok(Err(e));
+            }
             Err(e) => {
                 self.pool.discard(checkout);
                 return Err(PgError::fatal(
@@ -191,9 +231,28 @@ impl Session {
         self.registration
             .handle
             .set_server(Some(checkout.conn.summary().clone()));
-        Ok(checkout)
+        Ok(Ok(checkout))
     }
 }
+
+/// Whether the whole messages in `bytes` (from a server) include an
+/// ErrorResponse.
+fn says_error(bytes: &[u8]) -> bool {
+    let mut error = false;
+    let _ = FrameWalker::new(usize::MAX >> 1).walk(
+        bytes,
+        |_, _| false,
+        |tag, _| {
+            error |= tag == crate::protocol::tags::backend::ERROR_RESPONSE;
+            Visit::Forward
+        },
+    );
+    error
+}
+
+/// How many dead connections a checkout replaces before it gives up (each
+/// replacement awaits a checkout: no loop turns without waiting).
+const REPLACE_DEAD: usize = 3;
 
 /// What a session's server connection holds, as pin kinds.
 pub(super) fn held_kinds(state: HeldState) -> PinKinds {

@@ -284,9 +284,10 @@ pub(super) fn show_databases(deps: &SessionDeps) -> Reply {
         .map(|(db, name)| {
             let name = &name;
             let limits = config.limits_for(name, "");
-            let connections: usize = pools_of(&pools, |p| &p.database == name)
-                .map(|p| p.idle_count() + p.stats.active.load(Relaxed))
-                .sum();
+            // Every server connection of its pools, opening ones too, and
+            // its clients: the counts its caps are checked against.
+            let tally = deps.pools.caps.database(name);
+            let (connections, clients) = tally.map_or((0, 0), |t| (t.servers(), t.clients()));
             let (host, port) = shown_server(db, pools_of(&pools, |p| &p.database == name));
             vec![
                 Some(name.clone()),
@@ -296,7 +297,7 @@ pub(super) fn show_databases(deps: &SessionDeps) -> Reply {
                 None,
                 n(limits.size),
                 n(limits.min_size),
-                n(0),
+                n(limits.reserve_size),
                 n(limits.server_lifetime.map_or(0, |d| d.as_secs())),
                 Some(limits.mode.to_string()),
                 // PgBouncer's names for libpq's load_balance_hosts.
@@ -308,10 +309,10 @@ pub(super) fn show_databases(deps: &SessionDeps) -> Reply {
                     }
                     .to_string()
                 }),
-                n(0),
+                n(limits.max_db_connections),
                 n(connections),
-                n(deps.config().max_client_conn),
-                n(deps.clients.connected()),
+                n(limits.max_db_client_connections),
+                n(clients),
                 n(u8::from(deps.pools.is_paused(name))),
                 n(0),
             ]
@@ -356,24 +357,24 @@ pub(super) fn show_users(deps: &SessionDeps) -> Reply {
         "max_user_client_connections",
         "current_client_connections",
     ];
-    let pools = deps.pools.all();
-    let rows = deps
-        .config()
+    let config = deps.config();
+    let rows = config
         .users
         .iter()
         .map(|(name, u)| {
-            let connections: usize = pools_of(&pools, |p| &p.user == name)
-                .map(|p| p.idle_count() + p.stats.active.load(Relaxed))
-                .sum();
+            let tally = deps.pools.caps.user(name);
+            let (connections, clients) = tally.map_or((0, 0), |t| (t.servers(), t.clients()));
             vec![
                 Some(name.clone()),
                 u.pool_size.map(|v| v.to_string()),
-                n(0),
+                n(config.reserve_pool_size),
                 u.pool_mode.map(|m| m.to_string()),
-                n(0),
+                n(u.max_user_connections
+                    .unwrap_or(config.max_user_connections)),
                 n(connections),
-                n(0),
-                n(0),
+                n(u.max_user_client_connections
+                    .unwrap_or(config.max_user_client_connections)),
+                n(clients),
             ]
         })
         .collect();
@@ -464,6 +465,12 @@ fn shown_value(c: &Config, hooks_enabled: bool, key: &str) -> Option<String> {
         "max_buffered_message" => c.max_buffered_message.to_string(),
         "max_buffered_total" => c.max_buffered_total.to_string(),
         "prepared_statements" => c.prepared_statements.to_string(),
+        "max_db_connections" => c.max_db_connections.to_string(),
+        "max_user_connections" => c.max_user_connections.to_string(),
+        "max_db_client_connections" => c.max_db_client_connections.to_string(),
+        "max_user_client_connections" => c.max_user_client_connections.to_string(),
+        "reserve_pool_size" => c.reserve_pool_size.to_string(),
+        "reserve_pool_timeout" => c.reserve_pool_timeout.to_string(),
         "auth.method" => c.auth.method.to_string(),
         "hooks.enabled" => hooks_enabled.to_string(),
         "hooks.dir" => c.hooks.dir.display().to_string(),
@@ -563,6 +570,12 @@ mod tests {
                 "max_buffered_total|536870912|536870912|yes",
                 "client_message_timeout|60|60|yes",
                 "prepared_statements|200|200|yes",
+                "max_db_connections|0|0|yes",
+                "max_user_connections|0|0|yes",
+                "max_db_client_connections|0|0|yes",
+                "max_user_client_connections|0|0|yes",
+                "reserve_pool_size|0|0|yes",
+                "reserve_pool_timeout|5|5|yes",
                 "auth.method|scram-sha-256|scram-sha-256|yes",
                 "hooks.enabled|true|true|yes",
                 "hooks.dir|hooks|hooks|yes",
@@ -584,6 +597,8 @@ mod tests {
              auth_timeout: 8\nshutdown_timeout: 9\nmax_message_size: 2048\n\
              max_buffered_message: 1024\nmax_buffered_total: 4096\nclient_message_timeout: 10\n\
              prepared_statements: 0\n\
+             max_db_connections: 11\nmax_user_connections: 12\nmax_db_client_connections: 13\n\
+             max_user_client_connections: 14\nreserve_pool_size: 15\nreserve_pool_timeout: 1.25\n\
              auth: { method: md5 }\nhooks: { enabled: false, dir: h, timeout_ms: 5, memory_limit_mb: 8 }\n\
              log: { level: debug, connections: false, disconnections: false }\n",
             "t.yaml",
@@ -627,6 +642,12 @@ mod tests {
                 "4096",
                 "10",
                 "0",
+                "11",
+                "12",
+                "13",
+                "14",
+                "15",
+                "1.25",
                 "md5",
                 "false",
                 "h",

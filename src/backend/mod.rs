@@ -168,6 +168,10 @@ pub struct ServerConn {
     /// Client sessions this connection has served (session mode), so a
     /// session_start hook can tell a fresh connection from a reused one.
     sessions_served: u64,
+    /// What the pool keeps for as long as the connection lives (its place
+    /// under `max_db_connections` / `max_user_connections`), given back
+    /// when it is dropped, however it is closed.
+    keep: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 impl ServerConn {
@@ -195,7 +199,13 @@ impl ServerConn {
             last_used: now,
             prepared: PreparedSet::unbounded(),
             sessions_served: 0,
+            keep: None,
         }
+    }
+
+    /// Keeps `value` until this connection is dropped.
+    pub fn keep_until_closed(&mut self, value: impl std::any::Any + Send + Sync) {
+        self.keep = Some(Box::new(value));
     }
 
     /// usher's id for this connection.

@@ -120,6 +120,12 @@ fn assign(
         "prepared_statements" => put!(c.prepared_statements),
         "pinning" => put!(c.pinning),
         "max_pinned" => put!(c.max_pinned),
+        "max_db_connections" => put!(c.max_db_connections),
+        "max_user_connections" => put!(c.max_user_connections),
+        "max_db_client_connections" => put!(c.max_db_client_connections),
+        "max_user_client_connections" => put!(c.max_user_client_connections),
+        "reserve_pool_size" => put!(c.reserve_pool_size),
+        "reserve_pool_timeout" => put!(c.reserve_pool_timeout),
         "tls.mode" => put!(c.tls.mode),
         "tls.cert" => put!(c.tls.cert),
         "tls.key" => put!(c.tls.key),
@@ -171,6 +177,9 @@ fn assign(
                 "server_lifetime" => put!(d.server_lifetime),
                 "pinning" => put!(d.pinning),
                 "max_pinned" => put!(d.max_pinned),
+                "max_db_connections" => put!(d.max_db_connections),
+                "max_db_client_connections" => put!(d.max_db_client_connections),
+                "reserve_pool_size" => put!(d.reserve_pool_size),
                 _ => return Err(unknown()),
             }
         }
@@ -181,6 +190,8 @@ fn assign(
                 "password" => put!(u.password),
                 "pool_mode" => put!(u.pool_mode),
                 "pool_size" => put!(u.pool_size),
+                "max_user_connections" => put!(u.max_user_connections),
+                "max_user_client_connections" => put!(u.max_user_client_connections),
                 _ => return Err(unknown()),
             }
         }

@@ -125,6 +125,25 @@ pub struct Config {
     /// Clients connected at once; the next one gets 53300.
     #[serde(default = "defaults::max_client_conn")]
     pub max_client_conn: usize,
+    /// Server connections over every pool of a database; 0: no cap.
+    #[serde(default = "defaults::max_db_connections")]
+    pub max_db_connections: usize,
+    /// Server connections over every pool of a user; 0: no cap.
+    #[serde(default = "defaults::max_user_connections")]
+    pub max_user_connections: usize,
+    /// Clients of a database at once; 0: no cap.
+    #[serde(default = "defaults::max_db_client_connections")]
+    pub max_db_client_connections: usize,
+    /// Clients of a user at once; 0: no cap.
+    #[serde(default = "defaults::max_user_client_connections")]
+    pub max_user_client_connections: usize,
+    /// Server connections a pool may open beyond `pool_size` for clients
+    /// that waited `reserve_pool_timeout`; 0: none.
+    #[serde(default = "defaults::reserve_pool_size")]
+    pub reserve_pool_size: usize,
+    /// Seconds a client waits before the reserve may serve it; 0: never.
+    #[serde(default = "defaults::reserve_pool_timeout")]
+    pub reserve_pool_timeout: f64,
     /// Default pool mode for every database.
     #[serde(default = "defaults::pool_mode")]
     pub pool_mode: PoolMode,
@@ -467,6 +486,9 @@ pub struct DatabaseConfig {
     pub server_connect_timeout: Option<f64>,
     pub pinning: Option<Pinning>,
     pub max_pinned: Option<usize>,
+    pub max_db_connections: Option<usize>,
+    pub max_db_client_connections: Option<usize>,
+    pub reserve_pool_size: Option<usize>,
 }
 
 /// Debug never shows the password (see [`security::redacted_user`]).
@@ -479,6 +501,8 @@ pub struct UserConfig {
     pub password: Option<String>,
     pub pool_mode: Option<PoolMode>,
     pub pool_size: Option<usize>,
+    pub max_user_connections: Option<usize>,
+    pub max_user_client_connections: Option<usize>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -536,6 +560,12 @@ mod defaults {
         unix_socket_mode: super::SocketMode = "unix_socket_mode";
         peer_id: u16 = "peer_id";
         max_client_conn: usize = "max_client_conn";
+        max_db_connections: usize = "max_db_connections";
+        max_user_connections: usize = "max_user_connections";
+        max_db_client_connections: usize = "max_db_client_connections";
+        max_user_client_connections: usize = "max_user_client_connections";
+        reserve_pool_size: usize = "reserve_pool_size";
+        reserve_pool_timeout: f64 = "reserve_pool_timeout";
         pool_mode: super::PoolMode = "pool_mode";
         pool_size: usize = "pool_size";
         min_pool_size: usize = "min_pool_size";
@@ -1024,6 +1054,7 @@ impl Config {
     /// (a database reached through the fallback entry takes that entry's).
     pub fn limits_for(&self, db: &str, user: &str) -> PoolLimits {
         let d = self.database_for(db);
+        let u = self.users.get(user);
         let size = self.pool_size_for(db, user);
         let secs = |v: f64| (v > 0.0).then(|| Duration::from_secs_f64(v));
         let pick =
@@ -1061,6 +1092,22 @@ impl Config {
                 .unwrap_or_else(|| default_max_pinned(size)),
             auto: self.is_auto_database(db),
             autodb_idle_timeout: secs(self.autodb_idle_timeout),
+            max_db_connections: d
+                .and_then(|d| d.max_db_connections)
+                .unwrap_or(self.max_db_connections),
+            max_user_connections: u
+                .and_then(|u| u.max_user_connections)
+                .unwrap_or(self.max_user_connections),
+            max_db_client_connections: d
+                .and_then(|d| d.max_db_client_connections)
+                .unwrap_or(self.max_db_client_connections),
+            max_user_client_connections: u
+                .and_then(|u| u.max_user_client_connections)
+                .unwrap_or(self.max_user_client_connections),
+            reserve_size: d
+                .and_then(|d| d.reserve_pool_size)
+                .unwrap_or(self.reserve_pool_size),
+            reserve_timeout: secs(self.reserve_pool_timeout),
         }
     }
 }
@@ -1119,6 +1166,15 @@ pub struct PoolLimits {
     pub pinning: Pinning,
     /// Server connections pinned clients may hold at once; 0: no cap.
     pub max_pinned: usize,
+    /// The caps over many pools (0: none): server connections of the
+    /// pool's database, of its user; clients of each.
+    pub max_db_connections: usize,
+    pub max_user_connections: usize,
+    pub max_db_client_connections: usize,
+    pub max_user_client_connections: usize,
+    /// Connections beyond `size` for clients that waited `reserve_timeout`.
+    pub reserve_size: usize,
+    pub reserve_timeout: Option<Duration>,
 }
 
 /// `max_pinned` when none is set: all but one of the pool's connections

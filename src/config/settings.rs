@@ -117,6 +117,14 @@ pub const SETTINGS: &[SettingSpec] = &[
     // Read when a client connects; the cap applies at each new pin.
     s("pinning", Value("auto"), NewClients, HIDE),
     s("max_pinned", Text("pool_size - 1, at least 1"), Live, HIDE),
+    // Caps over many pools (src/pool/caps.rs): read at each new server
+    // connection; the client caps at each login.
+    s("max_db_connections", Value("0"), Live, SHOW),
+    s("max_user_connections", Value("0"), Live, SHOW),
+    s("max_db_client_connections", Value("0"), Live, SHOW),
+    s("max_user_client_connections", Value("0"), Live, SHOW),
+    s("reserve_pool_size", Value("0"), Live, SHOW),
+    s("reserve_pool_timeout", Value("5"), Live, SHOW),
     s("tls.mode", Value("allow"), NewClients, HIDE),
     s("tls.cert", Text("none"), NewClients, HIDE),
     s("tls.key", Text("none"), NewClients, HIDE),
@@ -192,6 +200,24 @@ pub const SETTINGS: &[SettingSpec] = &[
     ),
     s("databases.<name>.pinning", Text("global"), NewClients, HIDE),
     s("databases.<name>.max_pinned", Text("global"), Live, HIDE),
+    s(
+        "databases.<name>.max_db_connections",
+        Text("global"),
+        Live,
+        HIDE,
+    ),
+    s(
+        "databases.<name>.max_db_client_connections",
+        Text("global"),
+        Live,
+        HIDE,
+    ),
+    s(
+        "databases.<name>.reserve_pool_size",
+        Text("global"),
+        Live,
+        HIDE,
+    ),
     s("users.<name>.password", Text("none"), NewClients, HIDE),
     s(
         "users.<name>.pool_mode",
@@ -200,6 +226,18 @@ pub const SETTINGS: &[SettingSpec] = &[
         HIDE,
     ),
     s("users.<name>.pool_size", Text("database's"), Live, HIDE),
+    s(
+        "users.<name>.max_user_connections",
+        Text("global"),
+        Live,
+        HIDE,
+    ),
+    s(
+        "users.<name>.max_user_client_connections",
+        Text("global"),
+        Live,
+        HIDE,
+    ),
     s("admin.users", Value("[]"), NewClients, HIDE),
     s("admin.stats_users", Value("[]"), NewClients, HIDE),
     s("hooks.enabled", Value("true"), Live, SHOW),

@@ -209,6 +209,9 @@ pub struct ClientRegistry {
 pub struct Registration {
     registry: Arc<ClientRegistry>,
     pub handle: Arc<ClientHandle>,
+    /// Its place under `max_db_client_connections` and
+    /// `max_user_client_connections`, given back with the registration.
+    place: Option<crate::pool::caps::ClientPlace>,
 }
 
 /// The clients told one pid: nearly always one, kept without a list of its
@@ -260,6 +263,11 @@ impl Drop for Registration {
 }
 
 impl Registration {
+    /// Keeps the client's place under the client caps until it leaves.
+    pub fn keep_place(&mut self, place: crate::pool::caps::ClientPlace) {
+        self.place = Some(place);
+    }
+
     /// Tells the client another pid from now on (session mode: its
     /// backend's); the secret stays usher's own.
     pub fn tell_pid(&self, pid: u32) {
@@ -333,6 +341,7 @@ impl ClientRegistry {
                 return Registration {
                     registry: self.clone(),
                     handle,
+                    place: None,
                 };
             }
         }

@@ -360,8 +360,19 @@ async fn login<'a>(
         pools: &deps.pools,
         pool: Some(pool),
     };
+    let client_place = {
+        let limits = pool.settings();
+        let (db_limit, user_limit) = (
+            limits.max_db_client_connections,
+            limits.max_user_client_connections,
+        );
+        pool.caps
+            .client(db_limit, user_limit)
+            .map_err(|which| client_capped(which, &database, &user, db_limit, user_limit))?
+    };
     let mut session_params = SessionParams::from_startup(&params)?;
-    let registration = deps.clients.register(facts);
+    let mut registration = deps.clients.register(facts);
+    registration.keep_place(client_place);
     let client = ClientInfo {
         id: registration.handle.pid(),
         application_name,
@@ -412,6 +423,30 @@ async fn login<'a>(
 /// A client that authenticated and passed the client_connection hooks,
 /// still to be told it is in: AuthenticationOk, the parameters as the
 /// server has them, BackendKeyData, ReadyForQuery.
+/// What a client past `max_db_client_connections` or
+/// `max_user_client_connections` is told (53300, as for max_client_conn).
+fn client_capped(
+    which: crate::pool::caps::Capped,
+    database: &str,
+    user: &str,
+    db_limit: usize,
+    user_limit: usize,
+) -> PgError {
+    use crate::pool::caps::Capped;
+    use crate::protocol::error::shown_name;
+    let message = match which {
+        Capped::Database => format!(
+            "sorry, too many clients already for database \"{}\" (max_db_client_connections is {db_limit})",
+            shown_name(database)
+        ),
+        Capped::User => format!(
+            "sorry, too many clients already for user \"{}\" (max_user_client_connections is {user_limit})",
+            shown_name(user)
+        ),
+    };
+    PgError::fatal(sqlstate::TOO_MANY_CONNECTIONS, message)
+}
+
 struct Welcome<'a> {
     pool: PoolClaim<'a>,
     params: SessionParams,

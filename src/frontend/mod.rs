@@ -78,6 +78,29 @@ impl From<crate::pool::CheckoutError> for PgError {
                 )
                 .with_detail(detail)
             }
+            CheckoutError::Capped {
+                which,
+                name,
+                limit,
+                waited,
+            } => {
+                use crate::pool::caps::Capped;
+                let (kind, key) = match which {
+                    Capped::Database => ("database", "max_db_connections"),
+                    Capped::User => ("user", "max_user_connections"),
+                };
+                PgError::fatal(
+                    sqlstate::TOO_MANY_CONNECTIONS,
+                    format!(
+                        "no server connection became free within query_wait_timeout ({:.1}s)",
+                        waited.as_secs_f64()
+                    ),
+                )
+                .with_detail(format!(
+                    "{kind} \"{}\" has {key} {limit} and all of its server connections are in use",
+                    crate::protocol::error::shown_name(&name)
+                ))
+            }
             CheckoutError::Connect(e) => connect_error(&e),
             CheckoutError::ServerDown { error, waited } => {
                 let mut e = connect_error(&error);

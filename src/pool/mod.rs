@@ -20,6 +20,7 @@
 //! move keeps its server connection; at most `max_pinned` such clients per
 //! pool (0: no cap), counted in `PoolStats::pinned` and a gauge.
 
+pub mod caps;
 mod outage;
 mod pool_stats;
 mod registry;
@@ -28,6 +29,7 @@ mod slots;
 pub use pool_stats::PoolStats;
 pub use registry::Pools;
 
+use caps::{Capped, PoolCaps, ServerPlace};
 use outage::{Outage, Turn};
 use pool_stats::Waiting;
 use slots::{Lease, NoSlot, Pooled, Slot, Slots};
@@ -80,6 +82,9 @@ pub struct Pool {
     /// Whether opening server connections fails now, and whose turn it is
     /// to try again (outage.rs).
     outage: Arc<Outage>,
+    /// Its database's and user's tallies (`max_db_connections` and the
+    /// other caps over many pools: caps.rs).
+    pub caps: Arc<PoolCaps>,
 }
 
 /// A pinned client's place in its pool's `max_pinned`; given back when
@@ -140,6 +145,17 @@ pub enum CheckoutError {
         error: Arc<ConnectError>,
         waited: Duration,
     },
+    /// The database's or user's cap on server connections
+    /// (`max_db_connections`, `max_user_connections`) stayed reached for
+    /// `query_wait_timeout`, with no idle connection of another pool to
+    /// close.
+    Capped {
+        which: Capped,
+        /// The database's or user's name.
+        name: String,
+        limit: usize,
+        waited: Duration,
+    },
 }
 
 impl Pooled for Box<ServerConn> {
@@ -161,9 +177,16 @@ impl Pooled for Box<ServerConn> {
 }
 
 impl Pool {
-    pub fn new(database: String, user: String, target: ServerTarget, settings: PoolLimits) -> Self {
+    pub fn new(
+        database: String,
+        user: String,
+        target: ServerTarget,
+        settings: PoolLimits,
+        caps: Arc<PoolCaps>,
+    ) -> Self {
         let stats = Arc::new(PoolStats::new(&database, &user));
         Pool {
+            caps,
             database,
             user,
             slots: Slots::new(settings, stats.clone()),
@@ -393,7 +416,16 @@ impl Pool {
             return None;
         }
         let slot = self.slots.try_slot()?;
-        let deadline = Instant::now() + self.slots.settings().query_wait_timeout;
+        let settings = self.slots.settings_full();
+        // Nor is waiting under a cap (a hint: it may fill meanwhile).
+        if self.idle_count() == 0
+            && self
+                .caps
+                .full(settings.max_db_connections, settings.max_user_connections)
+        {
+            return None;
+        }
+        let deadline = Instant::now() + settings.query_wait_timeout;
         Some(self.lend(slot, deadline).await)
     }
 
@@ -424,6 +456,14 @@ impl Pool {
         let seen = self.outage.epoch();
         let started = Instant::now();
         loop {
+            let place = match self.server_place(&mut handed, started, deadline).await {
+                Ok(Ok(place)) => place,
+                Ok(Err(checkout)) => return Ok(checkout),
+                Err(e) => {
+                    self.give_back_handoff(&mut handed);
+                    return Err(e);
+                }
+            };
             let attempt = match self.my_turn(&mut handed, seen, started, deadline).await {
                 Ok(Ok(attempt)) => attempt,
                 Ok(Err(checkout)) => return Ok(checkout),
@@ -439,6 +479,10 @@ impl Pool {
             let mut opening = Box::pin(async move {
                 let settings = pool.slots.settings_full();
                 let opened = pool.connect(&settings).await.map_err(Arc::new);
+                let opened = opened.map(|mut conn| {
+                    conn.keep_until_closed(place);
+                    conn
+                });
                 pool.opened(opened.as_ref().err(), &settings);
                 drop(attempt);
                 if let Ok(conn) = &opened {
@@ -479,6 +523,67 @@ impl Pool {
                 },
             }
         }
+    }
+
+    /// A place for a new connection under the database's and user's caps
+    /// (at once when they are not reached, or are 0), or a connection
+    /// handed to this client while it waits for one (`Ok(Err)`); an error
+    /// once `deadline` passes.
+    async fn server_place(
+        &self,
+        handed: &mut tokio::sync::oneshot::Receiver<Checkout>,
+        started: Instant,
+        deadline: Instant,
+    ) -> Result<Result<ServerPlace, Checkout>, CheckoutError> {
+        let (db_limit, user_limit) = {
+            let s = self.slots.settings();
+            (s.max_db_connections, s.max_user_connections)
+        };
+        let which = match self.caps.try_server(db_limit, user_limit) {
+            Ok(place) => return Ok(Ok(place)),
+            Err(which) => which,
+        };
+        let _waiting = Waiting::new(&self.stats);
+        tokio::select! {
+            biased;
+            Ok(checkout) = &mut *handed => Ok(Err(checkout)),
+            place = self.caps.server(self, db_limit, user_limit) => Ok(Ok(place)),
+            _ = tokio::time::sleep_until(deadline.into()) => {
+                let (name, limit) = match which {
+                    Capped::Database => (self.database.clone(), db_limit),
+                    Capped::User => (self.user.clone(), user_limit),
+                };
+                Err(CheckoutError::Capped { which, name, limit, waited: started.elapsed() })
+            }
+        }
+    }
+
+    /// A pool of nothing (its server is a closed port), for unit tests.
+    #[cfg(test)]
+    pub(crate) fn for_tests(database: &str, user: &str) -> Pool {
+        let config =
+            crate::config::Config::from_yaml("databases: { app: {} }\n", "t.yaml").unwrap();
+        let target = ServerTarget {
+            hosts: Arc::new(backend::ServerHosts::single("127.0.0.1".into(), 1)),
+            dbname: database.into(),
+            user: user.into(),
+            tls: crate::tls::ServerTls::disabled(),
+            credential: backend::SharedCredential::default(),
+        };
+        let caps = caps::Caps::default().for_pool(database, user);
+        Pool::new(
+            database.into(),
+            user.into(),
+            target,
+            config.limits_for(database, user),
+            caps,
+        )
+    }
+
+    /// Closes this pool's least recently used idle connection, if it has
+    /// one (to make room under a cap for another pool); whether it did.
+    pub fn close_oldest_idle(&self) -> bool {
+        self.slots.close_oldest_idle()
     }
 
     /// Waits until this client may open a connection (`Ok(Ok)`, with the
@@ -678,7 +783,9 @@ impl Pool {
                 None => return,
             }
         };
-        self.slots.checkin(checkout.conn, checkout.lease, now);
+        if self.slots.checkin(checkout.conn, checkout.lease, now) == slots::CheckedIn::Idle {
+            self.caps.idle_added();
+        }
     }
 
     /// Closes a server connection that is not safe to reuse.
@@ -754,9 +861,20 @@ impl Pool {
                 Turn::Attempt(attempt) => Some(attempt),
                 Turn::Wait(_) | Turn::Refused(_) => break,
             };
+            // Under a cap, min_pool_size opens only what fits.
+            let Ok(place) = self
+                .caps
+                .try_server(settings.max_db_connections, settings.max_user_connections)
+            else {
+                break;
+            };
             let opened = self.connect(&settings).await.map_err(Arc::new);
             self.opened(opened.as_ref().err(), &settings);
             drop(attempt);
+            let opened = opened.map(|mut conn| {
+                conn.keep_until_closed(place);
+                conn
+            });
             match opened {
                 Ok(conn) => {
                     let kept = self.slots.add_idle(conn);
@@ -804,7 +922,14 @@ mod tests {
             tls: ServerTls::disabled(),
             credential: SharedCredential::default(),
         };
-        let pool = Arc::new(Pool::new("app".into(), "alice".into(), target, limits));
+        let caps = caps::Caps::default().for_pool("app", "alice");
+        let pool = Arc::new(Pool::new(
+            "app".into(),
+            "alice".into(),
+            target,
+            limits,
+            caps,
+        ));
         pool.pause();
         match pool.checkout().await {
             Err(CheckoutError::NoneFree {

@@ -34,6 +34,8 @@ pub struct Pools {
     /// Which servers failed lately, or were read-only: shared by every
     /// pool's host choice (backend/hosts.rs).
     health: Arc<HostHealth>,
+    /// The tallies of the caps over many pools (caps.rs).
+    pub caps: super::caps::Caps,
 }
 
 /// PAUSE without a database pauses all; PAUSE db adds one.
@@ -85,7 +87,9 @@ impl Pools {
                     user.to_string(),
                     target,
                     settings,
+                    self.caps.for_pool(database, user),
                 ));
+                self.caps.register(&pool);
                 if self.paused.lock().covers(database) {
                     pool.pause();
                 }

@@ -42,11 +42,36 @@ pub(super) struct Slots<C> {
     /// Permits to take out of circulation as they come back, after
     /// `pool_size` shrank below the connections lent out.
     owed: Arc<AtomicUsize>,
+    /// `reserve_pool_size` more places, for clients that waited
+    /// `reserve_pool_timeout`; with what it owes after shrinking.
+    reserve: Arc<Semaphore>,
+    reserve_owed: Arc<AtomicUsize>,
     /// Connections of an older generation are closed, not reused.
     generation: AtomicU64,
     paused: AtomicBool,
     resumed: Notify,
     stats: Arc<PoolStats>,
+}
+
+/// Resizes `permits` from `from` to `to` places: growing wakes waiters;
+/// shrinking takes free permits now and records the others in `owed`, to
+/// be taken as they come back ([`Slot`]'s drop).
+fn resize(permits: &Semaphore, owed: &AtomicUsize, from: usize, to: usize) {
+    if to > from {
+        let mut grow = to - from;
+        // Cancel permits still owed from an earlier shrink first.
+        let _ = owed.fetch_update(Ordering::AcqRel, Ordering::Acquire, |o| {
+            let cancel = o.min(to - from);
+            grow = to - from - cancel;
+            Some(o - cancel)
+        });
+        permits.add_permits(grow);
+    } else {
+        let shrink = from - to;
+        let taken = permits.forget_permits(shrink);
+        // Lent connections give theirs back later: forget those then.
+        owed.fetch_add(shrink - taken, Ordering::AcqRel);
+    }
 }
 
 /// One of the pool's `pool_size` places, held from the end of the wait
@@ -108,6 +133,8 @@ impl<C: Pooled> Slots<C> {
     pub(super) fn new(settings: PoolLimits, stats: Arc<PoolStats>) -> Self {
         Slots {
             permits: Arc::new(Semaphore::new(settings.size)),
+            reserve: Arc::new(Semaphore::new(settings.reserve_size)),
+            reserve_owed: Arc::new(AtomicUsize::new(0)),
             settings: ArcSwap::from_pointee(settings),
             idle: Mutex::new(Vec::new()),
             owed: Arc::new(AtomicUsize::new(0)),
@@ -133,32 +160,20 @@ impl<C: Pooled> Slots<C> {
     /// Returns the old settings.
     pub(super) fn apply(&self, settings: PoolLimits) -> Arc<PoolLimits> {
         let old = self.settings.swap(Arc::new(settings));
-        let new_size = self.settings.load().size;
-        if new_size != old.size {
-            self.resize(old.size, new_size);
+        let new = self.settings.load();
+        if new.size != old.size {
+            resize(&self.permits, &self.owed, old.size, new.size);
+        }
+        if new.reserve_size != old.reserve_size {
+            resize(
+                &self.reserve,
+                &self.reserve_owed,
+                old.reserve_size,
+                new.reserve_size,
+            );
         }
         self.trim_idle();
         old
-    }
-
-    fn resize(&self, from: usize, to: usize) {
-        if to > from {
-            let mut grow = to - from;
-            // Cancel permits still owed from an earlier shrink first.
-            let _ = self
-                .owed
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |owed| {
-                    let cancel = owed.min(to - from);
-                    grow = to - from - cancel;
-                    Some(owed - cancel)
-                });
-            self.permits.add_permits(grow);
-        } else {
-            let shrink = from - to;
-            let taken = self.permits.forget_permits(shrink);
-            // Lent connections give theirs back later: forget those then.
-            self.owed.fetch_add(shrink - taken, Ordering::AcqRel);
-        }
     }
 
     /// The generation new connections are opened in.
@@ -220,17 +235,45 @@ impl<C: Pooled> Slots<C> {
         let started = std::time::Instant::now();
         let settings = self.settings.load_full();
         let waiting = Waiting::new(&self.stats);
-        let permit = tokio::time::timeout(settings.query_wait_timeout, async {
+        let main = async {
             self.wait_unpaused().await;
-            self.permits.clone().acquire_owned().await
+            let permit = self.permits.clone().acquire_owned().await;
+            permit.map(|p| (p, &self.owed))
+        };
+        // A client that waited reserve_pool_timeout may also take one of
+        // the reserve's places, whichever comes first.
+        let reserve_after = settings
+            .reserve_timeout
+            .filter(|_| settings.reserve_size > 0);
+        let permit = tokio::time::timeout(settings.query_wait_timeout, async {
+            let Some(after) = reserve_after else {
+                return main.await;
+            };
+            let reserve = async {
+                tokio::time::sleep(after).await;
+                self.wait_unpaused().await;
+                let permit = self.reserve.clone().acquire_owned().await;
+                if permit.is_ok() {
+                    tracing::debug!("taking a connection from the reserve pool");
+                }
+                permit.map(|p| (p, &self.reserve_owed))
+            };
+            tokio::select! {
+                biased;
+                p = main => p,
+                p = reserve => p,
+            }
         })
         .await;
         drop(waiting);
         self.stats.waited(started.elapsed());
         match permit {
-            Ok(Ok(permit)) => {
+            Ok(Ok((permit, owed))) => {
                 self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
-                Ok(self.slot(permit))
+                Ok(Slot {
+                    permit: Some(permit),
+                    owed: owed.clone(),
+                })
             }
             Ok(Err(_)) => Err(NoSlot::Closed),
             Err(_) => Err(NoSlot::TimedOut {
@@ -361,6 +404,18 @@ impl<C: Pooled> Slots<C> {
     }
 
     /// Closes every idle connection (shutdown, PAUSE, RECONNECT).
+    /// Closes the least recently used idle connection, if any; whether
+    /// there was one. Dropped after the list's lock is released.
+    pub(super) fn close_oldest_idle(&self) -> bool {
+        let oldest = {
+            let mut idle = self.idle.lock();
+            let oldest = (!idle.is_empty()).then(|| idle.remove(0));
+            self.stats.idle_servers(idle.len());
+            oldest
+        };
+        oldest.is_some()
+    }
+
     pub(super) fn close_idle(&self) {
         let mut idle = self.idle.lock();
         idle.clear();

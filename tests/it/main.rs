@@ -19,6 +19,7 @@ mod auth_sources;
 mod auth_store;
 mod buffers;
 mod builtins;
+mod caps;
 mod control;
 mod cookbook;
 mod cuts;

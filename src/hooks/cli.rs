@@ -180,6 +180,7 @@ pub fn run(config: &Config, command: HooksCommand) -> ExitCode {
                             reject: None,
                             params: vec![],
                             notices: vec![],
+                            route: None,
                         };
                         dispatcher.client_connection(&mut ctx).await;
                         match &ctx.reject {

@@ -8,12 +8,14 @@ use crate::common::{sqlstate, PgCluster, Usher, ALICE_PASSWORD, BOB_PASSWORD};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-/// The recipes, as files of docs/cookbook/.
-const RECIPES: [&str; 6] = [
+/// The recipes, as files of docs/cookbook/ (tenant-in-user-name.lua is
+/// run by routing.rs, over two shards).
+const RECIPES: [&str; 7] = [
     "auth-monitor-notice.lua",
     "count-logins.lua",
     "per-role-settings.lua",
     "refuse-by-address.lua",
+    "tenant-in-user-name.lua",
     "tenant-settings.lua",
     "time-window.lua",
 ];

@@ -415,7 +415,8 @@ impl Pool {
             },
         })?;
         let deadline = started + self.slots.settings().query_wait_timeout;
-        self.lend(slot, deadline).await
+        // The slot may have been waited for: the clock is read again.
+        self.lend(slot, Instant::now(), deadline).await
     }
 
     /// Whether [`Pool::checkout`] would wait now (a hint: see
@@ -442,8 +443,11 @@ impl Pool {
         {
             return None;
         }
-        let deadline = Instant::now() + settings.query_wait_timeout;
-        Some(self.lend(slot, deadline).await)
+        let now = Instant::now();
+        Some(
+            self.lend(slot, now, now + settings.query_wait_timeout)
+                .await,
+        )
     }
 
     /// Lends a connection in `slot`: an idle one if any is alive, else a
@@ -453,9 +457,10 @@ impl Pool {
     async fn lend(
         self: &Arc<Self>,
         slot: Slot,
+        now: Instant,
         deadline: Instant,
     ) -> Result<Checkout, CheckoutError> {
-        if let Some(conn) = self.take_vetted().await {
+        if let Some(conn) = self.take_vetted(now).await {
             return Ok(Checkout {
                 conn,
                 lease: self.slots.lease(slot),
@@ -471,7 +476,7 @@ impl Pool {
         self.handoffs.lock().push_back(handoff);
         self.handoffs_queued.fetch_add(1, Ordering::Release);
         let seen = self.outage.epoch();
-        let started = Instant::now();
+        let started = now;
         loop {
             let place = match self.server_place(&mut handed, started, deadline).await {
                 Ok(Ok(place)) => place,
@@ -701,10 +706,16 @@ impl Pool {
     }
 
     /// The most recently used idle connection that is still good, if any.
-    async fn take_vetted(&self) -> Option<Box<ServerConn>> {
-        while let Some(conn) = self.slots.take_idle(Instant::now()) {
-            if let Some(conn) = self.vet(conn).await {
+    /// `now` is the caller's clock reading (one per checkout; read again
+    /// only after a vetting that waited).
+    async fn take_vetted(&self, mut now: Instant) -> Option<Box<ServerConn>> {
+        while let Some(conn) = self.slots.take_idle(now) {
+            let (conn, waited) = self.vet(conn, now).await;
+            if let Some(conn) = conn {
                 return Some(conn);
+            }
+            if waited {
+                now = Instant::now();
             }
         }
         None
@@ -726,20 +737,25 @@ impl Pool {
     /// Decides whether an idle connection (of the current generation, not
     /// past its lifetime: [`Slots::take_idle`]) may be handed out: not
     /// closed by the server, and, if it sat idle longer than
-    /// `server_check_delay`, answering a round trip.
-    async fn vet(&self, mut conn: Box<ServerConn>) -> Option<Box<ServerConn>> {
+    /// `server_check_delay`, answering a round trip; and whether it waited
+    /// for that round trip.
+    async fn vet(
+        &self,
+        mut conn: Box<ServerConn>,
+        now: Instant,
+    ) -> (Option<Box<ServerConn>>, bool) {
         if !conn.looks_alive() {
             tracing::info!(
                 server = conn.id(),
                 pid = conn.backend_pid(),
                 "idle server connection was closed by the server; dropping it"
             );
-            return None;
+            return (None, false);
         }
         if !self.still_fits(&conn) {
-            return None;
+            return (None, false);
         }
-        if self.slots.needs_check(&conn, Instant::now()) {
+        if self.slots.needs_check(&conn, now) {
             let timeout = self.slots.settings().server_connect_timeout;
             let check = tokio::time::timeout(timeout, conn.simple_query("")).await;
             if !matches!(check, Ok(Ok(()))) {
@@ -748,15 +764,16 @@ impl Pool {
                     pid = conn.backend_pid(),
                     "idle server connection failed its check; dropping it"
                 );
-                return None;
+                return (None, true);
             }
             // The round trip may have brought news (in_hot_standby after
             // a promotion).
             if !self.still_fits(&conn) {
-                return None;
+                return (None, true);
             }
+            return (Some(conn), true);
         }
-        Some(conn)
+        (Some(conn), false)
     }
 
     /// Whether an idle connection still fits its database's target, as

@@ -675,7 +675,7 @@ async fn the_metrics_endpoint_moves_with_traffic() {
     let yaml = common::usher_yaml(pg, "pool_mode: transaction\n").replace(
         "databases:\n",
         &format!(
-            "databases:\n  silent:\n    host: 127.0.0.1\n    port: {silent_port}\n    server_connect_timeout: 2\n"
+            "databases:\n  silent:\n    host: 127.0.0.1\n    port: {silent_port}\n    server_connect_timeout: 2\n    query_wait_timeout: 2\n"
         ),
     );
     let usher = UsherProcess::builder_yaml(&yaml)

@@ -117,13 +117,15 @@ async fn a_socket_directory_without_a_server_is_a_clear_error() {
     let yaml = format!(
         "listen: 127.0.0.1:0\n\
          hooks: {{ dir: tests/no-hooks }}\n\
+         query_wait_timeout: 1\n\
          databases:\n  app: {{ host: {}, port: {} }}\n\
          users:\n  alice: {{ password: {ALICE_PASSWORD} }}\n",
         empty.path().display(),
         pg.port
     );
     let usher = Usher::start_yaml(&yaml).await;
-    // The first login of a pool asks the server for its parameters.
+    // The first login of a pool asks the server for its parameters; it
+    // waits for the server (query_wait_timeout), then gets the last error.
     let Err(e) = usher.connect_as("alice", ALICE_PASSWORD).await else {
         panic!("alice logged in with no server behind the socket");
     };

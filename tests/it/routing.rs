@@ -219,3 +219,87 @@ async fn a_route_outside_routing_allow_is_refused() {
         .get(0);
     assert_eq!(user, "alice");
 }
+
+/// The cookbook's routing-table.lua with its ttl at one second.
+fn table_hooks_dir() -> tempfile::TempDir {
+    let recipe = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/cookbook/routing-table.lua");
+    let code = std::fs::read_to_string(recipe).unwrap();
+    assert!(code.contains("local ttl = 30\n"), "the recipe's ttl moved");
+    let code = code.replace("local ttl = 30\n", "local ttl = 1\n");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("routing-table.lua"), code).unwrap();
+    dir
+}
+
+async fn server_port(c: &tokio_postgres::Client) -> Result<i32, tokio_postgres::Error> {
+    Ok(c.query_one("SELECT inet_server_port()", &[]).await?.get(0))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn moving_a_tenant_in_the_routing_table_sends_new_sessions_to_its_new_shard() {
+    let (a, b) = (PgCluster::shared(), shard_b());
+    let db = "routing_table";
+    create_shard_database(a, db);
+    create_shard_database(b, db);
+    a.psql_super_db(
+        db,
+        &format!(
+            "CREATE TABLE tenant_shards (tenant text PRIMARY KEY, host text NOT NULL, \
+               port int NOT NULL, dbname text NOT NULL); \
+             ALTER TABLE tenant_shards OWNER TO alice; \
+             INSERT INTO tenant_shards VALUES ('acme', '127.0.0.1', {}, '{db}'), \
+                                              ('globex', '127.0.0.1', {}, '{db}')",
+            a.port, b.port
+        ),
+    );
+    let hooks = table_hooks_dir();
+    let usher = Usher::start_yaml(&format!(
+        "listen: 127.0.0.1:0\n\
+         pool_mode: transaction\n\
+         hooks: {{ dir: {}, timeout_ms: 10000, query: {{ database: app, user: alice, timeout_ms: 10000 }} }}\n\
+         databases:\n  app: {{ host: 127.0.0.1, port: {}, dbname: {db} }}\n\
+         users:\n  alice: {{ password: {ALICE_PASSWORD} }}\n  alice.acme: {{ password: {ALICE_PASSWORD} }}\n  alice.globex: {{ password: {ALICE_PASSWORD} }}\n  alice.initech: {{ password: {ALICE_PASSWORD} }}\n\
+         routing:\n  allow: {{ hosts: [127.0.0.1], ports: [{}, {}], databases: [app] }}\n",
+        hooks.path().display(),
+        a.port,
+        a.port,
+        b.port
+    ))
+    .await;
+    let connect = |user: &'static str| {
+        let usher = &usher;
+        async move { usher.connect_as(user, ALICE_PASSWORD).await }
+    };
+    let acme = connect("alice.acme").await.unwrap();
+    let globex = connect("alice.globex").await.unwrap();
+    assert_eq!(server_port(&acme).await.unwrap(), i32::from(a.port));
+    assert_eq!(server_port(&globex).await.unwrap(), i32::from(b.port));
+    let Err(e) = connect("alice.initech").await else {
+        panic!("a tenant without a row got in")
+    };
+    assert_eq!(
+        e.as_db_error().unwrap().message(),
+        "no such tenant: initech"
+    );
+
+    // acme moves to shard B: new sessions go there once the cached row
+    // expires; the session already open goes on on shard A, with no error.
+    a.psql_super_db(
+        db,
+        &format!(
+            "UPDATE tenant_shards SET port = {} WHERE tenant = 'acme'",
+            b.port
+        ),
+    );
+    wait_for_async(DEADLINE, "a new acme session on shard B", || async {
+        let c = connect("alice.acme").await.map_err(|e| e.to_string())?;
+        match server_port(&c).await.map_err(|e| e.to_string())? {
+            p if p == i32::from(b.port) => Ok(()),
+            p => Err(format!("on port {p}")),
+        }
+    })
+    .await;
+    for _ in 0..3 {
+        assert_eq!(server_port(&acme).await.unwrap(), i32::from(a.port));
+    }
+}

@@ -303,3 +303,97 @@ async fn moving_a_tenant_in_the_routing_table_sends_new_sessions_to_its_new_shar
         assert_eq!(server_port(&acme).await.unwrap(), i32::from(a.port));
     }
 }
+
+#[test]
+fn hooks_try_shows_the_route_and_whether_it_is_allowed() {
+    let hooks = hooks_dir(5432, 5433, "tenants");
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("usher.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "hooks: {{ dir: {} }}\ndatabases:\n  app: {{ host: 127.0.0.1, port: 5432 }}\n\
+             routing:\n  allow: {{ hosts: [127.0.0.1], ports: [5432], databases: [app] }}\n",
+            hooks.path().display()
+        ),
+    )
+    .unwrap();
+    let try_user = |user: &str| {
+        let out = crate::common::usher_cli()
+            .args(["--config", config.to_str().unwrap()])
+            .args(["hooks", "try", "client_connection", "--user", user])
+            .args(["--database", "app"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let text = try_user("alice.tenant2");
+    assert!(
+        text.contains("route by tenant-in-user-name.lua: app@127.0.0.1:5432/tenants (user alice)"),
+        "{text}"
+    );
+    let text = try_user("alice.tenant3");
+    assert!(
+        text.contains("route by tenant-in-user-name.lua not allowed (28000): port 5433 is not in routing.allow.ports"),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_may_choose_session_mode_and_inherit_the_rest() {
+    let pg = PgCluster::shared();
+    let db = "routing_session";
+    create_shard_database(pg, db);
+    let hooks = tempfile::tempdir().unwrap();
+    std::fs::write(
+        hooks.path().join("10-route.lua"),
+        format!(
+            "function client_connection(ctx)\n  ctx:route{{ dbname = \"{db}\", pool_mode = \"session\", pool_size = 2 }}\nend\n"
+        ),
+    )
+    .unwrap();
+    let usher = Usher::start_yaml(&format!(
+        "listen: 127.0.0.1:0\n\
+         pool_mode: transaction\n\
+         hooks: {{ dir: {} }}\n\
+         databases:\n  app: {{ host: 127.0.0.1, port: {} }}\n\
+         users:\n  alice: {{ password: {ALICE_PASSWORD} }}\n  admin: {{ password: admin-pw }}\n\
+         admin: {{ users: [admin] }}\n\
+         routing:\n  allow: {{ databases: [app] }}\n",
+        hooks.path().display(),
+        pg.port
+    ))
+    .await;
+    let c = usher.alice().await;
+    let mut pids = std::collections::BTreeSet::new();
+    for i in 0..3 {
+        let row = c
+            .query_one(
+                "SELECT pg_backend_pid(), current_database()::text, $1::int",
+                &[&i],
+            )
+            .await
+            .unwrap();
+        assert_eq!(row.get::<_, String>(1), db);
+        assert_eq!(row.get::<_, i32>(2), i);
+        pids.insert(row.get::<_, i32>(0));
+    }
+    assert_eq!(pids.len(), 1, "{pids:?}");
+    // Session mode: the idle client keeps its server connection.
+    let (columns, clients) = console_table(&usher, "SHOW CLIENTS").await;
+    let link = columns.iter().position(|c| c == "link").unwrap();
+    let alice = clients
+        .iter()
+        .find(|r| r[1] == "alice")
+        .unwrap_or_else(|| panic!("{clients:?}"));
+    assert_eq!(alice[2], format!("app@127.0.0.1:{}/{db}", pg.port));
+    assert!(alice[link].starts_with('s'), "idle, yet linked: {alice:?}");
+    let (columns, pools) = console_table(&usher, "SHOW POOLS").await;
+    let mode = columns.iter().position(|c| c == "pool_mode").unwrap();
+    let shown = format!("app@127.0.0.1:{}/{db}", pg.port);
+    let row = pools
+        .iter()
+        .find(|r| r[0] == shown && r[1] == "alice")
+        .unwrap_or_else(|| panic!("{pools:?}"));
+    assert_eq!(row[mode], "session");
+}

@@ -30,19 +30,8 @@ pgbench -i -q -s 1 -h 127.0.0.1 -p "$PGPORT" -U bench bench >/dev/null 2>&1
 # server, so the client lands in a routed pool) against the same hook that
 # builds it and does not call it; both ushers have the same routing section.
 if [ "${ROUTING:-0}" = 1 ]; then
-  for variant in plain routed; do
-    mkdir -p "$work/$variant"
-    call='local _ = target'
-    [ $variant = routed ] && call='ctx:route(target)'
-    cat >"$work/$variant/10-route.lua" <<LUA
-function client_connection(ctx)
-  local target = { database = "bench", host = "127.0.0.1", port = $PGPORT, dbname = "bench", user = ctx.user }
-  $call
-end
-function session_start(ctx) ctx:set("application_name", "bench") end
-LUA
-  done
-  routing="routing: { allow: { hosts: [127.0.0.1], ports: [$PGPORT], databases: [bench] } }"
+  for variant in plain routed; do write_route_hook "$work/$variant" $variant; done
+  routing=$ROUTING_YAML
   secret=$(scram_verifier bench)
   USHER_BIN=${USHER_BIN:-target/release/usher}
   PLAIN_PORT=$(free_port); ROUTED_PORT=$(free_port)

@@ -11,6 +11,7 @@
 # files when KEEP=dir is given.
 #
 #   benches/connect_callgrind.sh
+#   VARIANTS="plain routed" benches/connect_callgrind.sh   # what a ctx:route costs
 #   USHER_BIN=/tmp/usher-old DURATION=20 KEEP=/tmp/cg benches/connect_callgrind.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -76,12 +77,20 @@ for v in $VARIANTS; do
   case $v in
     off) r=$(measure off "hooks: { enabled: false, dir: $work/trivial }"); name="usher, hooks off" ;;
     on) r=$(measure on "hooks: { dir: $work/trivial }"); name="usher, trivial hook" ;;
+    plain | routed)
+      write_route_hook "$work/$v" "$v"
+      r=$(measure "$v" "hooks: { dir: $work/$v }
+$ROUTING_YAML")
+      name="hook, $([ "$v" = routed ] && echo ctx:route || echo no ctx:route)" ;;
   esac
   read -r n ir <<<"$r"
   per=$(awk -v n="$n" -v i="$ir" 'BEGIN { printf "%.0f", (n > 0 ? i / n : 0) }')
   printf '| %-22s | %7s | %22s |\n' "$name" "$n" "$per"
   eval "${v}_per=$per"
 done
+if [ -n "${plain_per:-}" ] && [ -n "${routed_per:-}" ]; then
+  awk -v a="$plain_per" -v b="$routed_per" 'BEGIN { printf "ctx:route / same hook without it, instructions per login: %.3f (%+.0f per login)\n", b / a, b - a }'
+fi
 if [ -n "${off_per:-}" ] && [ -n "${on_per:-}" ]; then
   awk -v a="$off_per" -v b="$on_per" 'BEGIN { printf "trivial hook / hooks off instructions per login: %.3f (+%.0f per login)\n", b / a, b - a }'
 fi

@@ -157,6 +157,25 @@ ${1:-}"
   start_pgbouncer "$PGB_PORT"
 }
 
+# write_route_hook DIR plain|routed: a client_connection hook that builds a
+# route to the bench database (the same server) and calls ctx:route with it
+# (routed) or not (plain), and the trivial session_start: what a route
+# costs (connect.sh ROUTING=1, connect_callgrind.sh VARIANTS="plain routed").
+# ROUTING_YAML is the routing section both use.
+write_route_hook() {
+  local call='local _ = target'
+  [ "$2" = routed ] && call='ctx:route(target)'
+  mkdir -p "$1"
+  cat >"$1/10-route.lua" <<LUA
+function client_connection(ctx)
+  local target = { database = "bench", host = "127.0.0.1", port = $PGPORT, dbname = "bench", user = ctx.user }
+  $call
+end
+function session_start(ctx) ctx:set("application_name", "bench") end
+LUA
+  ROUTING_YAML="routing: { allow: { hosts: [127.0.0.1], ports: [$PGPORT], databases: [bench] } }"
+}
+
 # write_trivial_hook DIR: the trivial client_connection + session_start
 # hook whose cost connect.sh and connect_callgrind.sh measure.
 write_trivial_hook() {

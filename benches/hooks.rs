@@ -82,6 +82,7 @@ fn dispatch(c: &mut Criterion) {
                     reject: None,
                     params: vec![],
                     notices: vec![],
+                    route: None,
                 };
                 d.client_connection(&mut ctx).await;
                 assert!(ctx.reject.is_none());
@@ -157,6 +158,7 @@ fn cpu_per_login(c: &mut Criterion) {
                         reject: None,
                         params: vec![],
                         notices: vec![],
+                        route: None,
                     };
                     lua.client_connection(&mut ctx).await;
                     let mut ctx = SessionCtx {

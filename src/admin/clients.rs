@@ -66,7 +66,7 @@ fn client_row(c: &ClientHandle) -> Vec<Option<String>> {
     vec![
         s("C"),
         s(&f.user),
-        s(&f.database),
+        s(c.shown_database()),
         s("none"),
         s(c.state().as_str()),
         s(f.addr.shown()),
@@ -102,10 +102,11 @@ pub(super) fn show_servers(deps: &SessionDeps) -> Reply {
     // Lent connections, seen through the clients that hold them.
     for c in deps.clients.all() {
         if let Some(srv) = c.server() {
+            let database = c.shown_database();
             let row = ServerRow {
                 summary: &srv,
                 user: &c.facts.user,
-                database: &c.facts.database,
+                database: &database,
                 state: "active",
                 request_time: c.request_time(),
                 link: Some(format!("c{}", c.id)),
@@ -124,7 +125,7 @@ pub(super) fn show_servers(deps: &SessionDeps) -> Reply {
             let row = ServerRow {
                 summary: &idle.summary,
                 user: &pool.user,
-                database: &pool.database,
+                database: pool.shown_database(),
                 state: "idle",
                 request_time: now.1.checked_sub(used_ago).unwrap_or(UNIX_EPOCH),
                 link: None,

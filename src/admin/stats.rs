@@ -145,11 +145,11 @@ pub(super) fn show_pools(deps: &SessionDeps) -> Reply {
         "load_balance_hosts",
     ];
     let mut pools = deps.pools.all();
-    pools.sort_by(|a, b| (&a.database, &a.user).cmp(&(&b.database, &b.user)));
+    pools.sort_by(|a, b| (a.shown_database(), &a.user).cmp(&(b.shown_database(), &b.user)));
     // Per pool: logged-in clients not waiting, and the longest current wait.
     let mut clients: HashMap<(String, String), (usize, u64)> = HashMap::new();
     for c in deps.clients.all() {
-        let key = (c.facts.database.to_string(), c.facts.user.to_string());
+        let key = (c.shown_database().to_string(), c.facts.user.to_string());
         let entry = clients.entry(key).or_default();
         if c.state() == ClientState::Waiting {
             entry.1 = entry.1.max(c.wait_us());
@@ -162,11 +162,11 @@ pub(super) fn show_pools(deps: &SessionDeps) -> Reply {
         .map(|p| {
             let n = |v: usize| Some(v.to_string());
             let (active, maxwait_us) = clients
-                .get(&(p.database.clone(), p.user.clone()))
+                .get(&(p.shown_database().to_string(), p.user.clone()))
                 .copied()
                 .unwrap_or_default();
             vec![
-                Some(p.database.clone()),
+                Some(p.shown_database().to_string()),
                 Some(p.user.clone()),
                 n(active),
                 n(p.stats.waiting.load(Relaxed)),

@@ -154,6 +154,18 @@ fn assign(
         "log.connections" => put!(c.log.connections),
         "log.disconnections" => put!(c.log.disconnections),
         "blocking" => put!(c.blocking),
+        "routing" => put!(c.routing),
+        _ if pattern.starts_with("routing.") => {
+            // A key of the section gives the configuration one if it had none.
+            let r = c.routing.get_or_insert_with(super::RoutingConfig::default);
+            match pattern {
+                "routing.allow.hosts" => put!(r.allow.hosts),
+                "routing.allow.ports" => put!(r.allow.ports),
+                "routing.allow.databases" => put!(r.allow.databases),
+                "routing.max_pools" => put!(r.max_pools),
+                _ => return Err(unknown()),
+            }
+        }
         _ if pattern.starts_with("databases.") => {
             let d = c.databases.get_mut(name.unwrap_or_default());
             let d = d.ok_or_else(unknown)?;

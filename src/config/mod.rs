@@ -9,6 +9,7 @@ pub mod builtins;
 pub mod console_set;
 pub mod peering;
 pub mod reload_guard;
+pub mod routing;
 pub mod security;
 mod servers;
 pub mod settings;
@@ -19,6 +20,7 @@ pub use builtins::{
     LockoutConfig, MaintenanceConfig,
 };
 pub use peering::PeerConfig;
+pub use routing::{ResolvedRoute, Route, RouteRefusal, RoutingConfig};
 pub use security::{HbaMethod, HbaRuleConfig, HbaType, ServerTlsMode, TlsConfig, TlsMode};
 pub use servers::{is_socket_dir, HostSpec, TargetSessionAttrs};
 pub use unix_socket::SocketMode;
@@ -285,6 +287,9 @@ pub struct Config {
     /// Built-in connection blocking rules and maintenance mode.
     #[serde(default)]
     pub blocking: BlockingConfig,
+    /// What client_connection hooks may route clients to; none: no route
+    /// is allowed.
+    pub routing: Option<RoutingConfig>,
 }
 
 /// `metrics:`: the Prometheus endpoint.
@@ -556,6 +561,7 @@ mod defaults {
 
     settings::defaults_from_table! {
         listen: std::net::SocketAddr = "listen";
+        routing_max_pools: usize = "routing.max_pools";
         so_reuseport: bool = "so_reuseport";
         unix_socket_mode: super::SocketMode = "unix_socket_mode";
         peer_id: u16 = "peer_id";
@@ -983,6 +989,9 @@ impl Config {
                     ));
                 }
             }
+        }
+        if let Some(r) = &self.routing {
+            r.validate(self)?;
         }
         security::validate(self)
     }

@@ -327,6 +327,12 @@ pub const SETTINGS: &[SettingSpec] = &[
     ),
     // Rules and maintenance mode are replaced as a whole.
     s("blocking", Text("none"), Live, HIDE),
+    // Checked at each login against the running configuration.
+    s("routing", Text("none"), NewClients, HIDE),
+    s("routing.allow.hosts", Value("[]"), NewClients, HIDE),
+    s("routing.allow.ports", Value("[]"), NewClients, HIDE),
+    s("routing.allow.databases", Value("[]"), NewClients, HIDE),
+    s("routing.max_pools", Value("100"), NewClients, HIDE),
 ];
 
 /// The entry for `key`, if it is one.

@@ -81,6 +81,9 @@ pub struct ClientHandle {
     serving: Mutex<Option<Arc<ServerSummary>>>,
     /// KILL_CLIENT / KILL: the session ends as soon as it is woken.
     kill: KillSwitch,
+    /// Where a hook routed the client (`ResolvedRoute::shown`), if it did:
+    /// one pointer (every idle client keeps this; SHOW alone reads it).
+    route: arc_swap::ArcSwapOption<Arc<str>>,
 }
 
 /// A flag and a waker, lock-free: the serve loop polls it at every wake-up.
@@ -91,6 +94,15 @@ struct KillSwitch {
 }
 
 impl ClientHandle {
+    /// SHOW's `database` value: the database the client asked for, or
+    /// where a hook routed it (`base@host:port/dbname`).
+    pub fn shown_database(&self) -> Arc<str> {
+        match self.route.load_full() {
+            Some(route) => Arc::clone(&route),
+            None => self.facts.database.clone(),
+        }
+    }
+
     /// The pid the client was told (BackendKeyData).
     pub fn pid(&self) -> u32 {
         self.pid.load(Ordering::Relaxed)
@@ -264,6 +276,11 @@ impl Drop for Registration {
 
 impl Registration {
     /// Keeps the client's place under the client caps until it leaves.
+    /// The client's session was routed (SHOW's `database` value, `base@host:port/dbname`).
+    pub fn routed(&self, shown: Arc<str>) {
+        self.handle.route.store(Some(Arc::new(shown)));
+    }
+
     pub fn keep_place(&mut self, place: crate::pool::caps::ClientPlace) {
         self.place = Some(place);
     }
@@ -336,6 +353,7 @@ impl ClientRegistry {
                     prepared: AtomicU32::new(0),
                     serving: Mutex::new(None),
                     kill: KillSwitch::default(),
+                    route: arc_swap::ArcSwapOption::empty(),
                 });
                 v.insert(Listed::One(handle.clone()));
                 return Registration {

@@ -356,7 +356,7 @@ async fn login<'a>(
         .ok_or_else(unknown_database)?;
     // Given back if the login fails from here on (a database the server
     // does not have leaves no auto database's pool behind).
-    let pool = PoolClaim {
+    let mut pool = PoolClaim {
         pools: &deps.pools,
         pool: Some(pool),
     };
@@ -373,7 +373,7 @@ async fn login<'a>(
     let mut session_params = SessionParams::from_startup(&params)?;
     let mut registration = deps.clients.register(facts);
     registration.keep_place(client_place);
-    let client = ClientInfo {
+    let mut client = ClientInfo {
         id: registration.handle.pid(),
         application_name,
         user,
@@ -396,8 +396,10 @@ async fn login<'a>(
             reject: None,
             params: Vec::new(),
             notices: Vec::new(),
+            route: None,
         };
         deps.hooks.client_connection(&mut ctx).await;
+        let route = ctx.route.take();
         if let Some(r) = ctx.reject {
             tracing::info!(user = %client.user, database = %client.database, addr = %addr, hook = %r.hook, sqlstate = %r.sqlstate, "client rejected by hook");
             deps.client_rejected(&client.user, progress.user_exists, addr.host());
@@ -408,6 +410,40 @@ async fn login<'a>(
         }
         session_params.add_startup(ctx.params);
         notices = ctx.notices;
+        if let Some((route, hook)) = route {
+            let to = RouteTo {
+                route: &route,
+                hook: &hook,
+                client_secret: lookup.secret.as_ref(),
+                authenticated: &authenticated,
+            };
+            let routed = match routed_pool(deps, snapshot, &client, to).await {
+                Ok(p) => p,
+                Err(e) => {
+                    deps.client_rejected(&client.user, progress.user_exists, addr.host());
+                    return Err(e);
+                }
+            };
+            if routed.database != pool.database {
+                // The client counts under its base database's caps.
+                let limits = routed.settings();
+                let (db_limit, user_limit) = (
+                    limits.max_db_client_connections,
+                    limits.max_user_client_connections,
+                );
+                let place = routed.caps.client(db_limit, user_limit).map_err(|which| {
+                    client_capped(which, &routed.database, &client.user, db_limit, user_limit)
+                })?;
+                registration.keep_place(place);
+            }
+            client.pool_mode = routed.mode();
+            if let Some(route) = &routed.route {
+                registration.routed(route.shown.clone());
+            }
+            // The startup database's pool is given back (removed if this
+            // login made it and nobody used it).
+            std::mem::replace(&mut pool, routed).routed_away();
+        }
     }
 
     Ok(Some(Step::Welcome(Box::new(Welcome {
@@ -418,6 +454,82 @@ async fn login<'a>(
         vars,
         notices,
     }))))
+}
+
+/// What a client_connection hook's `ctx:route{...}` asked, and what the
+/// login knows of the client's secret.
+struct RouteTo<'r> {
+    route: &'r crate::config::Route,
+    hook: &'r str,
+    client_secret: Option<&'r Secret>,
+    authenticated: &'r Authenticated,
+}
+
+/// The pool a hook routed the client to: the route checked against
+/// `routing.allow` (28000 "route not allowed", logged with the hook and
+/// the target, and counted), its server role's credential from usher's
+/// credential sources (the client's own when the role is the client's, or
+/// when the client's secret is the role's: SCRAM pass-through), and the
+/// pool bounded by `routing.max_pools` (53300).
+async fn routed_pool<'a>(
+    deps: &'a Arc<SessionDeps>,
+    snapshot: &ConfigSnapshot,
+    client: &ClientInfo,
+    to: RouteTo<'_>,
+) -> Result<PoolClaim<'a>, PgError> {
+    let config = &snapshot.config;
+    let not_allowed = |why: &dyn std::fmt::Display| {
+        tracing::warn!(hook = %to.hook, user = %client.user, database = %client.database, target = ?to.route, reason = %why, "route not allowed");
+        crate::metrics::route_refused(to.hook);
+        let mut e = PgError::fatal(sqlstate::INVALID_AUTHORIZATION, "route not allowed");
+        e.hint = Some("see usher's log (routing.allow)".into());
+        e
+    };
+    let resolved = to
+        .route
+        .resolve(config, &client.database, &client.user)
+        .map_err(|why| not_allowed(&why))?;
+    let resolved = Arc::new(resolved);
+    let tls = snapshot
+        .server_tls_for(&resolved.base)
+        .ok_or_else(|| not_allowed(&"the base entry has no TLS settings"))?;
+    let credential = if resolved.user == *client.user {
+        server_credential(to.client_secret, to.authenticated)
+    } else {
+        let role = snapshot
+            .credentials
+            .lookup(&resolved.base, &resolved.user)
+            .await?;
+        match role.secret {
+            Some(Secret::Plain { password, .. }) => ServerCredential::Password(password),
+            Some(Secret::Md5(hash)) => ServerCredential::Md5(hash),
+            Some(Secret::Scram(role)) => match to.client_secret {
+                Some(Secret::Scram(mine)) if *mine == role => {
+                    server_credential(to.client_secret, to.authenticated)
+                }
+                Some(Secret::Plain { verifier, .. }) if *verifier == role => {
+                    server_credential(to.client_secret, to.authenticated)
+                }
+                _ => ServerCredential::None,
+            },
+            None => ServerCredential::None,
+        }
+    };
+    let max_pools = config.routing.as_ref().map_or(0, |r| r.max_pools);
+    let pool = deps
+        .pools
+        .get_or_create_routed(config, &resolved, &client.user, tls, credential, max_pools)
+        .map_err(|crate::pool::TooManyRoutes(n)| {
+            tracing::warn!(hook = %to.hook, user = %client.user, route = %resolved.key, max_pools = n, "routed pool refused: routing.max_pools");
+            PgError::fatal(
+                sqlstate::TOO_MANY_CONNECTIONS,
+                format!("sorry, too many routed pools already (routing.max_pools is {n})"),
+            )
+        })?;
+    Ok(PoolClaim {
+        pools: &deps.pools,
+        pool: Some(pool),
+    })
 }
 
 /// A client that authenticated and passed the client_connection hooks,
@@ -612,6 +724,13 @@ struct PoolClaim<'a> {
 impl PoolClaim<'_> {
     fn keep(mut self) -> Arc<Pool> {
         self.pool.take().expect("a claim is kept once")
+    }
+
+    /// A hook routed the login to another pool: this one goes back.
+    fn routed_away(mut self) {
+        if let Some(pool) = self.pool.take() {
+            self.pools.give_back_routed_away(pool);
+        }
     }
 }
 

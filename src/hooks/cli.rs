@@ -180,6 +180,7 @@ pub fn run(config: &Config, command: HooksCommand) -> ExitCode {
                             reject: None,
                             params: vec![],
                             notices: vec![],
+                            route: None,
                         };
                         dispatcher.client_connection(&mut ctx).await;
                         match &ctx.reject {
@@ -199,7 +200,17 @@ pub fn run(config: &Config, command: HooksCommand) -> ExitCode {
                             ),
                             None => println!("decision: allow"),
                         }
-                        let rejected = ctx.reject.is_some();
+                        let mut rejected = ctx.reject.is_some();
+                        if let (Some((route, hook)), false) = (&ctx.route, rejected) {
+                            // As a login would see it: checked against routing.allow.
+                            match route.resolve(config, &client.database, &client.user) {
+                                Ok(r) => println!("route by {hook}: {} (user {})", r.shown, r.user),
+                                Err(why) => {
+                                    println!("route by {hook} not allowed (28000): {why}");
+                                    rejected = true;
+                                }
+                            }
+                        }
                         let (params, notices) = (ctx.params, ctx.notices);
                         print_outcome(&params, &[], &notices, &[], &vars);
                         if rejected {

@@ -1,7 +1,7 @@
 //! What hooks see and what they decide, per event.
 
 use crate::client_addr::ClientAddr;
-use crate::config::PoolMode;
+use crate::config::{PoolMode, Route};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -128,6 +128,9 @@ pub struct ConnectionCtx<'a> {
     pub params: Vec<(String, String)>,
     /// Notices for the client.
     pub notices: Vec<String>,
+    /// Where the client's session goes (`ctx:route{...}`), and the hook
+    /// that said so; none: where its startup packet says.
+    pub route: Option<(Route, String)>,
 }
 
 /// Why session_start fired.

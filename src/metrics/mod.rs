@@ -30,6 +30,13 @@ pub const CLIENT_RECEIVED_BYTES: &str = "usher_client_received_bytes_total";
 pub const CLIENT_SENT_BYTES: &str = "usher_client_sent_bytes_total";
 pub const ERRORS: &str = "usher_errors_total";
 pub const HOOK_DURATION: &str = "usher_hook_duration_seconds";
+/// Clients refused because a hook's route was outside `routing.allow`, per hook.
+pub const ROUTES_REFUSED: &str = "usher_routes_refused_total";
+
+/// Counts a route refused (a hook file's name is a bounded label).
+pub fn route_refused(hook: &str) {
+    metrics::counter!(ROUTES_REFUSED, "hook" => hook.to_string()).increment(1);
+}
 
 /// Hook threads set aside, still in a call past its deadline (set by
 /// hooks::lua::threads).
@@ -286,6 +293,10 @@ fn describe() {
         "Hook calls stopped by their time budget"
     );
     describe_counter!("usher_hook_rejects_total", "Clients rejected by a hook");
+    describe_counter!(
+        ROUTES_REFUSED,
+        "Clients refused because a hook routed them outside routing.allow"
+    );
     describe_gauge!(
         HOOK_THREADS_STUCK,
         "Hook threads set aside, still in a call past its deadline (one long C call)"

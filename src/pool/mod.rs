@@ -27,7 +27,7 @@ mod registry;
 mod slots;
 
 pub use pool_stats::PoolStats;
-pub use registry::Pools;
+pub use registry::{Pools, TooManyRoutes};
 
 use caps::{Capped, PoolCaps, ServerPlace};
 use outage::{Outage, Turn};
@@ -85,6 +85,10 @@ pub struct Pool {
     /// Its database's and user's tallies (`max_db_connections` and the
     /// other caps over many pools: caps.rs).
     pub caps: Arc<PoolCaps>,
+    /// Where a hook routed this pool's clients (`ctx:route`); none for a
+    /// pool of a database entry as configured. A routed pool's `database`
+    /// is its base entry's key.
+    pub route: Option<Arc<crate::config::ResolvedRoute>>,
 }
 
 /// A pinned client's place in its pool's `max_pinned`; given back when
@@ -198,7 +202,20 @@ impl Pool {
             handoffs: Mutex::new(VecDeque::new()),
             handoffs_queued: AtomicUsize::new(0),
             outage: Arc::default(),
+            route: None,
         }
+    }
+
+    /// The routed target, or "" for a pool of a database entry as
+    /// configured (logs).
+    pub fn route_shown(&self) -> &str {
+        self.route.as_ref().map_or("", |r| &r.key)
+    }
+
+    /// SHOW's `database` value: the database, or for a routed pool
+    /// `base@host:port/dbname`.
+    pub fn shown_database(&self) -> &str {
+        self.route.as_ref().map_or(&self.database, |r| &r.shown)
     }
 
     fn pin_slot(&self) -> PinSlot {

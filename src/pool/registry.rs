@@ -13,7 +13,7 @@
 
 use super::Pool;
 use crate::backend::{HostHealth, ServerCredential, ServerHosts, ServerTarget, SharedCredential};
-use crate::config::{Config, FALLBACK_DATABASE};
+use crate::config::{Config, ResolvedRoute, FALLBACK_DATABASE};
 use crate::tls::ServerTls;
 use dashmap::DashMap;
 use parking_lot::Mutex;
@@ -22,9 +22,16 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-type PoolMap = DashMap<(String, String), Arc<Pool>>;
+/// (database, user, route): a routed pool's database is its base entry's
+/// key, and its route the normalised target (`ResolvedRoute::key`).
+type PoolKey = (String, String, Option<Arc<str>>);
+type PoolMap = DashMap<PoolKey, Arc<Pool>>;
 
-/// All pools, keyed by (database, user). Looked up once per client login.
+/// A routed pool was refused: `routing.max_pools` are in use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TooManyRoutes(pub usize);
+
+/// All pools, keyed by (database, user, route). Looked up once per client login.
 #[derive(Debug, Default)]
 pub struct Pools {
     /// In an `Arc` so that the maintenance tasks can remove their pool.
@@ -70,7 +77,7 @@ impl Pools {
         tls: &ServerTls,
         credential: ServerCredential,
     ) -> Option<Arc<Pool>> {
-        let key = (database.to_string(), user.to_string());
+        let key = (database.to_string(), user.to_string(), None);
         if let Some(p) = self.map.get(&key) {
             p.stats.logins.fetch_add(1, Ordering::Relaxed);
             p.offer_credential(credential);
@@ -104,13 +111,86 @@ impl Pools {
         Some(pool)
     }
 
+    /// The pool of `user`'s clients that a hook routed to `route`,
+    /// created on first use (as an auto database's is) and removed once
+    /// unused for `autodb_idle_timeout`. `credential` is the server role's
+    /// (see [`Pools::get_or_create`]). Refused when `max_pools` routed
+    /// pools exist (logins creating different routes at the same moment
+    /// may pass it by their number).
+    pub fn get_or_create_routed(
+        &self,
+        config: &Config,
+        route: &Arc<ResolvedRoute>,
+        user: &str,
+        tls: &ServerTls,
+        credential: ServerCredential,
+        max_pools: usize,
+    ) -> Result<Arc<Pool>, TooManyRoutes> {
+        let key = (
+            route.base.clone(),
+            user.to_string(),
+            Some(route.key.clone()),
+        );
+        if let Some(p) = self.map.get(&key) {
+            p.stats.logins.fetch_add(1, Ordering::Relaxed);
+            p.offer_credential(credential);
+            return Ok(p.clone());
+        }
+        // Counted before taking the entry: iterating under an entry's
+        // lock would deadlock on its shard.
+        let routed = self.map.iter().filter(|e| e.key().2.is_some()).count();
+        if routed >= max_pools {
+            return Err(TooManyRoutes(max_pools));
+        }
+        let target = routed_target(config, route, tls, credential, &self.health);
+        let settings = route.limits(config, user);
+        let pool = self
+            .map
+            .entry(key)
+            .or_insert_with(|| {
+                let mut pool = Pool::new(
+                    route.base.clone(),
+                    user.to_string(),
+                    target,
+                    settings,
+                    self.caps.for_pool(&route.base, user),
+                );
+                pool.route = Some(route.clone());
+                let pool = Arc::new(pool);
+                self.caps.register(&pool);
+                if self.paused.lock().covers(&route.base) {
+                    pool.pause();
+                }
+                tracing::info!(db = %route.base, user, route = %route.key, "routed pool created");
+                spawn_maintenance(Arc::downgrade(&pool), Arc::downgrade(&self.map));
+                pool
+            })
+            .clone();
+        pool.stats.logins.fetch_add(1, Ordering::Relaxed);
+        Ok(pool)
+    }
+
     /// A login that failed after [`Pools::get_or_create`] gives its pool
     /// back: an auto database's pool that nobody else uses is removed at
     /// once (its idle connections closed), so a database the server does
     /// not have leaves no pool behind. Listed databases' pools stay.
     pub fn give_back(&self, pool: Arc<Pool>) {
-        if pool.settings().auto && remove_unused(&self.map, &pool, 2) {
+        if removable(&pool) && remove_unused(&self.map, &pool, 2) {
             tracing::debug!(db = %pool.database, user = %pool.user, "auto database: pool removed after a failed login");
+        }
+    }
+
+    /// A login whose hook routed it elsewhere gives back the pool of the
+    /// database it asked for: removed if this login created it and nobody
+    /// used it (a listed database's too: such a pool, of `alice.tenant42`
+    /// say, would only ever be empty, or open connections nobody needs).
+    pub fn give_back_routed_away(&self, pool: Arc<Pool>) {
+        let s = &pool.stats;
+        let untouched = s.logins.load(Ordering::Relaxed) <= 1
+            && s.checkouts.load(Ordering::Relaxed) == 0
+            && pool.idle_count() == 0;
+        if (untouched || removable(&pool)) && remove_unused(&self.map, &pool, 2) {
+            tracing::debug!(db = %pool.database, user = %pool.user, "pool left by a routed login removed");
         }
     }
 
@@ -140,6 +220,12 @@ impl Pools {
     pub fn apply_config(&self, old: &Config, new: &Config, tls: &HashMap<String, ServerTls>) {
         for pool in self.all() {
             let (db, user) = (pool.database.as_str(), pool.user.as_str());
+            if let Some(route) = &pool.route {
+                // A routed pool keeps its target until it is dropped
+                // (unused for autodb_idle_timeout); its limits follow.
+                pool.apply(route.limits(new, user), None);
+                continue;
+            }
             let tls = tls.get(db).or_else(|| tls.get(FALLBACK_DATABASE));
             let (Some(before), Some(after), Some(tls)) =
                 (old.database_for(db), new.database_for(db), tls)
@@ -240,6 +326,35 @@ fn target_for(
     })
 }
 
+/// Where a routed pool connects: its route's servers, database and role,
+/// over its base entry's TLS and host choice.
+fn routed_target(
+    config: &Config,
+    route: &ResolvedRoute,
+    tls: &ServerTls,
+    credential: ServerCredential,
+    health: &Arc<HostHealth>,
+) -> ServerTarget {
+    let base = config.listed_database(&route.base);
+    ServerTarget {
+        hosts: Arc::new(ServerHosts::new(
+            route.hosts.clone(),
+            base.map_or(crate::config::TargetSessionAttrs::Any, |d| d.target),
+            base.is_some_and(|d| d.load_balance),
+            health.clone(),
+        )),
+        dbname: route.dbname.clone(),
+        user: route.user.clone(),
+        tls: tls.clone(),
+        credential: SharedCredential::new(credential),
+    }
+}
+
+/// Whether a pool goes once unused: an auto database's, or a routed one.
+fn removable(pool: &Pool) -> bool {
+    pool.route.is_some() || pool.settings().auto
+}
+
 /// Runs [`Pool::maintain`] periodically for as long as the pool exists;
 /// an auto database's pool unused for `autodb_idle_timeout` is removed
 /// from `map`, and the task ends.
@@ -251,13 +366,14 @@ fn spawn_maintenance(pool: Weak<Pool>, map: Weak<PoolMap>) {
             p.maintain().await;
             let timeout = {
                 let s = p.settings();
-                s.autodb_idle_timeout.filter(|_| s.auto)
+                s.autodb_idle_timeout
+                    .filter(|_| s.auto || p.route.is_some())
             };
             match timeout {
                 Some(timeout) if unused.for_longer_than(&p, timeout) => {
                     if let Some(map) = map.upgrade() {
                         if remove_unused(&map, &p, 2) {
-                            tracing::info!(db = %p.database, user = %p.user, idle_s = timeout.as_secs_f64(), "auto database: unused pool removed (autodb_idle_timeout)");
+                            tracing::info!(db = %p.database, user = %p.user, route = %p.route_shown(), idle_s = timeout.as_secs_f64(), "unused pool removed (autodb_idle_timeout)");
                             return;
                         }
                     }
@@ -317,7 +433,11 @@ fn in_use(pool: &Arc<Pool>, holders: usize) -> bool {
 /// and the caller (`holders` in all) holds it; checked under the map's
 /// lock, so no login can take it meanwhile. Its idle connections close.
 fn remove_unused(map: &PoolMap, pool: &Arc<Pool>, holders: usize) -> bool {
-    let key = (pool.database.clone(), pool.user.clone());
+    let key = (
+        pool.database.clone(),
+        pool.user.clone(),
+        pool.route.as_ref().map(|r| r.key.clone()),
+    );
     let removed = map
         .remove_if(&key, |_, p| Arc::ptr_eq(p, pool) && !in_use(p, holders))
         .is_some();

@@ -8,12 +8,15 @@ use crate::common::{sqlstate, PgCluster, Usher, ALICE_PASSWORD, BOB_PASSWORD};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-/// The recipes, as files of docs/cookbook/.
-const RECIPES: [&str; 6] = [
+/// The recipes, as files of docs/cookbook/ (routing-table.lua and
+/// tenant-in-user-name.lua are run by routing.rs, over two shards).
+const RECIPES: [&str; 8] = [
     "auth-monitor-notice.lua",
     "count-logins.lua",
     "per-role-settings.lua",
     "refuse-by-address.lua",
+    "routing-table.lua",
+    "tenant-in-user-name.lua",
     "tenant-settings.lua",
     "time-window.lua",
 ];

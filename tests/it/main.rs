@@ -47,6 +47,7 @@ mod pinning;
 mod pooling;
 mod prepared;
 mod protocol;
+mod routing;
 mod server_restarts;
 mod server_socket;
 mod session_state;

@@ -478,6 +478,7 @@ mod tests {
             reject: None,
             params: vec![],
             notices: vec![],
+            route: None,
         };
         b.client_connection(&mut ctx).await.unwrap();
         ctx.reject

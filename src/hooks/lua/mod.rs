@@ -502,6 +502,14 @@ impl Hook for LuaFileHook {
             r.hook = self.name().to_string();
             ctx.reject = Some(r);
         }
+        if let Some(route) = out.route {
+            if let Some((_, first)) = &ctx.route {
+                return Err(HookError::Failed(format!(
+                    "ctx:route may be called once per client (hook \"{first}\" routed it already)"
+                )));
+            }
+            ctx.route = Some((route, self.name().to_string()));
+        }
         Ok(())
     }
 
@@ -778,6 +786,7 @@ end
             reject: None,
             params: vec![],
             notices: vec![],
+            route: None,
         };
         let r = hook.client_connection(&mut ctx).await;
         *vars = ctx.vars.clone();
@@ -927,6 +936,105 @@ end
         assert_eq!(
             (reject.sqlstate.as_str(), reject.detail, reject.hint),
             ("28000", None, None)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_route_comes_back_once_and_misuse_is_an_error() {
+        let h = hook(
+            r#"
+function client_connection(ctx)
+  ctx:route{ database = "app", hosts = { "10.1.0.7", "shard-b:5433" }, port = 6432,
+    dbname = "t42", user = "alice", pool_size = 4, pool_mode = "session" }
+end
+"#,
+        );
+        let mut vars = super::super::Vars::new();
+        let (r, ctx) = connect(&h, &client(), &mut vars).await;
+        assert_eq!(r, Ok(()));
+        let (route, by) = ctx.route.unwrap();
+        assert_eq!(by, "10-test.lua");
+        let hosts: Vec<_> = route
+            .hosts
+            .iter()
+            .map(|h| (h.host.as_str(), h.port))
+            .collect();
+        assert_eq!(hosts, [("10.1.0.7", None), ("shard-b", Some(5433))]);
+        assert_eq!(
+            (
+                route.database.as_deref(),
+                route.port,
+                route.dbname.as_deref(),
+                route.user.as_deref(),
+                route.pool_size,
+                route.pool_mode
+            ),
+            (
+                Some("app"),
+                Some(6432),
+                Some("t42"),
+                Some("alice"),
+                Some(4),
+                Some(crate::config::PoolMode::Session)
+            )
+        );
+        let h = hook("function client_connection(ctx) ctx:route{ host = 'h' } end");
+        let (r, ctx) = connect(&h, &client(), &mut vars).await;
+        assert_eq!(r, Ok(()));
+        let route = ctx.route.unwrap().0;
+        assert_eq!(
+            (route.hosts.len(), route.database, route.user),
+            (1, None, None)
+        );
+        for (code, wanted) in [
+            (
+                "ctx:route{ host = 'a' }\n  ctx:route{ host = 'b' }",
+                "ctx:route may be called once per client",
+            ),
+            ("ctx:route('a')", "ctx:route: expected a table"),
+            ("ctx:route{ hots = 'a' }", "ctx:route: unknown key hots"),
+            (
+                "ctx:route{ port = 0 }",
+                "port must be an integer from 1 to 65535",
+            ),
+            (
+                "ctx:route{ port = 1.5 }",
+                "port must be an integer from 1 to 65535",
+            ),
+            (
+                "ctx:route{ pool_mode = 'statement' }",
+                "pool_mode must be session or transaction",
+            ),
+            (
+                "ctx:route{ host = 'a', hosts = { 'b' } }",
+                "host and hosts are exclusive",
+            ),
+            ("ctx:route{ host = 'a,b' }", "host must be one host"),
+            (
+                "ctx:route{ host = 'a:0' }",
+                "ctx:route: host: expected a port",
+            ),
+        ] {
+            let code = format!("function client_connection(ctx)\n  {code}\nend");
+            let (r, ctx) = connect(&hook(&code), &client(), &mut vars).await;
+            let Err(HookError::Failed(m)) = r else {
+                panic!("{code}: {r:?}")
+            };
+            assert!(m.contains(wanted), "{code}: {m}");
+            if wanted.contains("once") {
+                assert!(m.contains("10-test.lua:3:"), "{m}");
+                assert!(ctx.route.is_none());
+            }
+        }
+        // Another event: an error naming the line.
+        let h = hook("function session_start(ctx)\n  ctx:route{ host = 'a' }\nend");
+        let (r, _) = start(&h, &client(), &mut vars, None).await;
+        let Err(HookError::Failed(m)) = r else {
+            panic!()
+        };
+        assert!(
+            m.ends_with("10-test.lua:2: ctx:route is not available in session_start"),
+            "{m}"
         );
     }
 

@@ -77,6 +77,69 @@ function Ctx:exec(sql)
   record(pack("<Bs4", 69, sql))
 end
 
+local route_keys = { database = true, host = true, port = true, hosts = true, dbname = true,
+  user = true, pool_size = true, pool_mode = true }
+local tointeger_, sfind, concat = math.tointeger, string.find, table.concat
+
+local function route_string(t, key)
+  local v = t[key]
+  if v == nil then return "" end
+  if type(v) ~= "string" or v == "" then
+    error("ctx:route: " .. key .. " must be a non-empty string", 3)
+  end
+  return v
+end
+
+local function route_integer(t, key, max)
+  local v = t[key]
+  if v == nil then return "" end
+  local i = type(v) == "number" and tointeger_(v) or nil
+  if i == nil or i < 1 or i > max then
+    error("ctx:route: " .. key .. " must be an integer from 1 to " .. max, 3)
+  end
+  return tostring(i)
+end
+
+--- Send this client's session to another server (client_connection, at
+--- most once per client): a table of database (the base entry), host,
+--- port, hosts, dbname, user (the server role), pool_size, pool_mode.
+function Ctx:route(t)
+  allowed_in(self, "ctx:route", "client_connection")
+  if type(t) ~= "table" then error("ctx:route: expected a table", 2) end
+  for k in next, t do
+    if not route_keys[k] then error("ctx:route: unknown key " .. tostring(k), 2) end
+  end
+  local host, hosts = route_string(t, "host"), t.hosts
+  if hosts ~= nil then
+    if host ~= "" then error("ctx:route: host and hosts are exclusive", 2) end
+    if type(hosts) ~= "table" or #hosts == 0 then
+      error("ctx:route: hosts must be a non-empty list of strings", 2)
+    end
+    local list = {}
+    for i = 1, #hosts do
+      local h = hosts[i]
+      if type(h) ~= "string" or h == "" or sfind(h, ",", 1, true) then
+        error("ctx:route: hosts must be a non-empty list of strings", 2)
+      end
+      list[i] = h
+    end
+    host = concat(list, ",")
+  elseif sfind(host, ",", 1, true) then
+    error("ctx:route: host must be one host (use hosts for a list)", 2)
+  end
+  local mode = route_string(t, "pool_mode")
+  if mode ~= "" and mode ~= "session" and mode ~= "transaction" then
+    error("ctx:route: pool_mode must be session or transaction", 2)
+  end
+  local fields = pack("<Bs4s4s4s4s4s4s4", 84, route_string(t, "database"), host,
+    route_integer(t, "port", 65535), route_string(t, "dbname"), route_string(t, "user"),
+    route_integer(t, "pool_size", 100000), mode)
+  if state[1] ~= self then return end
+  if state[4] then error("ctx:route may be called once per client", 2) end
+  state[4] = true
+  record(fields)
+end
+
 --- Send the client a NOTICE.
 function Ctx:notice(message)
   allowed_in(self, "ctx:notice", "client_connection", "session_start")
@@ -173,7 +236,7 @@ local function run(env, event, reason, fields, varblob, blob)
   if fields ~= nil then
     for k, v in next, fields do rawset(ctx, k, v) end
   end
-  state[1], state[2], state[3] = ctx, false, nil
+  state[1], state[2], state[3], state[4] = ctx, false, nil, nil
   return handler(ctx)
 end
 

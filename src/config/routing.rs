@@ -1,0 +1,395 @@
+//! `routing:`: what a client_connection hook's `ctx:route{...}` may name,
+//! and a route resolved against its base entry of `databases`.
+//!
+//! A route names a base entry (`database`) and optionally servers, a
+//! database name on them, a server role, a pool size and a pool mode. What
+//! the route names itself is checked against `routing.allow`; what it
+//! inherits from its base entry is the operator's own configuration and is
+//! not. Host names are compared as written (case-insensitively), never
+//! resolved: an address route must be allowed by an address or CIDR, a
+//! name route by that name. Without a `routing` section every route is
+//! refused, so a hook bug never sends credentials anywhere unexpected.
+
+use super::{Config, ConfigIssue, HostSpec, PoolMode};
+use ipnet::IpNet;
+use serde::Deserialize;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+/// `routing:`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoutingConfig {
+    #[serde(default)]
+    pub allow: RoutingAllow,
+    /// Routed pools at most; a login that would create one more gets 53300.
+    #[serde(default = "super::defaults::routing_max_pools")]
+    pub max_pools: usize,
+}
+
+impl Default for RoutingConfig {
+    fn default() -> Self {
+        RoutingConfig {
+            allow: RoutingAllow::default(),
+            max_pools: super::defaults::routing_max_pools(),
+        }
+    }
+}
+
+/// `routing.allow:`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoutingAllow {
+    /// Host names, addresses or CIDRs a route may name.
+    #[serde(default)]
+    pub hosts: Vec<String>,
+    /// Ports a route may name.
+    #[serde(default)]
+    pub ports: Vec<u16>,
+    /// Keys of `databases` a route may use as its base.
+    #[serde(default)]
+    pub databases: Vec<String>,
+}
+
+/// What a hook asked for with `ctx:route{...}`, unchecked.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Route {
+    /// The base entry; none: the database the client asked for.
+    pub database: Option<String>,
+    /// `host`, or `hosts` (each with an optional port).
+    pub hosts: Vec<HostSpec>,
+    pub port: Option<u16>,
+    pub dbname: Option<String>,
+    /// The server role; none: the client's user name.
+    pub user: Option<String>,
+    pub pool_size: Option<usize>,
+    pub pool_mode: Option<PoolMode>,
+}
+
+/// A route resolved against its base entry: where its pool connects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedRoute {
+    /// The base entry's key (the pool's database name: caps, PAUSE,
+    /// RECONNECT, SHOW's database column).
+    pub base: String,
+    pub hosts: Vec<(String, u16)>,
+    pub dbname: String,
+    pub user: String,
+    pub pool_size: Option<usize>,
+    pub pool_mode: Option<PoolMode>,
+    /// The normalised target as one text: the pools' key beside
+    /// (database, user).
+    pub key: Arc<str>,
+    /// `base@host:port/dbname`: SHOW POOLS', SERVERS' and CLIENTS'
+    /// `database` value for the route's pools and clients.
+    pub shown: Arc<str>,
+}
+
+/// Why a route was refused (logged; the client is told "route not allowed").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteRefusal(pub String);
+
+impl std::fmt::Display for RouteRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl RoutingAllow {
+    /// Whether a route may name `host` (a name, or an address).
+    pub fn allows_host(&self, host: &str) -> bool {
+        let ip: Option<IpAddr> = host.parse().ok();
+        self.hosts
+            .iter()
+            .any(|rule| match (rule.parse::<IpNet>(), ip) {
+                (Ok(net), Some(ip)) => net.contains(&ip),
+                _ => match (rule.parse::<IpAddr>(), ip) {
+                    (Ok(a), Some(ip)) => a == ip,
+                    _ => rule.eq_ignore_ascii_case(host),
+                },
+            })
+    }
+
+    pub fn allows_port(&self, port: u16) -> bool {
+        self.ports.contains(&port)
+    }
+
+    pub fn allows_database(&self, name: &str) -> bool {
+        self.databases.iter().any(|d| d == name)
+    }
+}
+
+impl RoutingConfig {
+    pub(super) fn validate(&self, config: &Config) -> Result<(), ConfigIssue> {
+        for rule in &self.allow.hosts {
+            let ok = rule.parse::<IpNet>().is_ok()
+                || rule.parse::<IpAddr>().is_ok()
+                || (!rule.is_empty()
+                    && !rule.contains('/')
+                    && !rule.chars().any(|c| c.is_whitespace() || c == ','));
+            if !ok {
+                return Err(ConfigIssue::new(
+                    "routing.allow.hosts",
+                    format!("expected a host name, an address or a CIDR, got `{rule}`"),
+                ));
+            }
+        }
+        if self.allow.ports.contains(&0) {
+            return Err(ConfigIssue::new(
+                "routing.allow.ports",
+                "expected ports from 1 to 65535",
+            ));
+        }
+        for name in &self.allow.databases {
+            if config.listed_database(name).is_none() {
+                return Err(ConfigIssue::new(
+                    "routing.allow.databases",
+                    format!("expected a database listed under `databases`, got `{name}`"),
+                ));
+            }
+        }
+        if self.max_pools == 0 {
+            return Err(ConfigIssue::new(
+                "routing.max_pools",
+                "expected a number greater than 0",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl ResolvedRoute {
+    /// The limits of a routed pool of `user`: its base entry's, with the
+    /// route's pool size and mode.
+    pub fn limits(&self, config: &Config, user: &str) -> super::PoolLimits {
+        let mut limits = config.limits_for(&self.base, user);
+        if let Some(size) = self.pool_size {
+            if limits.max_pinned == super::default_max_pinned(limits.size) {
+                limits.max_pinned = super::default_max_pinned(size);
+            }
+            limits.size = size;
+            limits.min_size = limits.min_size.min(size);
+        }
+        if let Some(mode) = self.pool_mode {
+            limits.mode = mode;
+        }
+        limits
+    }
+}
+
+impl Route {
+    /// The route checked against `routing.allow` and resolved against its
+    /// base entry; `database` and `user` are the client's.
+    pub fn resolve(
+        &self,
+        config: &Config,
+        database: &str,
+        user: &str,
+    ) -> Result<ResolvedRoute, RouteRefusal> {
+        let refuse = |why: String| Err(RouteRefusal(why));
+        let Some(routing) = &config.routing else {
+            return refuse("no `routing` section in the configuration".into());
+        };
+        let allow = &routing.allow;
+        let base = self.database.as_deref().unwrap_or(database);
+        let Some(entry) = config.listed_database(base) else {
+            return refuse(format!(
+                "database \"{base}\" is not listed under `databases`"
+            ));
+        };
+        if !allow.allows_database(base) {
+            return refuse(format!(
+                "database \"{base}\" is not in routing.allow.databases"
+            ));
+        }
+        for h in &self.hosts {
+            if !allow.allows_host(&h.host) {
+                return refuse(format!("host \"{}\" is not in routing.allow.hosts", h.host));
+            }
+        }
+        for port in self
+            .port
+            .iter()
+            .chain(self.hosts.iter().filter_map(|h| h.port.as_ref()))
+        {
+            if !allow.allows_port(*port) {
+                return refuse(format!("port {port} is not in routing.allow.ports"));
+            }
+        }
+        let hosts: Vec<(String, u16)> = if self.hosts.is_empty() {
+            let mut hosts = entry.server_hosts();
+            if let Some(p) = self.port {
+                hosts.iter_mut().for_each(|h| h.1 = p);
+            }
+            hosts
+        } else {
+            let port = self.port.unwrap_or(entry.port);
+            self.hosts
+                .iter()
+                .map(|h| (h.host.to_ascii_lowercase(), h.port.unwrap_or(port)))
+                .collect()
+        };
+        let dbname = self
+            .dbname
+            .clone()
+            .unwrap_or_else(|| entry.server_dbname(base).to_string());
+        let user = self.user.clone().unwrap_or_else(|| user.to_string());
+        let mut key = String::new();
+        for (i, (h, p)) in hosts.iter().enumerate() {
+            if i > 0 {
+                key.push(',');
+            }
+            if h.contains(':') {
+                key.push_str(&format!("[{h}]:{p}"));
+            } else {
+                key.push_str(&format!("{h}:{p}"));
+            }
+        }
+        key.push_str(&format!("/{dbname}"));
+        let shown = format!("{base}@{key}");
+        key.push_str(&format!(" user={user}"));
+        if let Some(n) = self.pool_size {
+            key.push_str(&format!(" pool_size={n}"));
+        }
+        if let Some(m) = self.pool_mode {
+            key.push_str(&format!(" pool_mode={m}"));
+        }
+        Ok(ResolvedRoute {
+            base: base.to_string(),
+            hosts,
+            dbname,
+            user,
+            pool_size: self.pool_size,
+            pool_mode: self.pool_mode,
+            key: key.into(),
+            shown: shown.into(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(routing: &str) -> Config {
+        let yaml = format!(
+            "databases:\n  app: {{host: 10.0.0.1, port: 5432, dbname: app_main}}\n  other: {{host: 10.0.0.2}}\n{routing}"
+        );
+        Config::from_yaml(&yaml, "test.yaml").unwrap()
+    }
+
+    const ALLOW: &str = "routing:\n  allow:\n    hosts: [10.1.0.0/16, shard-a.example, '::1']\n    ports: [5433]\n    databases: [app]\n";
+
+    fn host(h: &str) -> HostSpec {
+        HostSpec::try_from(h.to_string()).unwrap()
+    }
+
+    #[test]
+    fn hosts_match_by_cidr_address_or_name() {
+        let c = config(ALLOW);
+        let allow = &c.routing.as_ref().unwrap().allow;
+        assert!(allow.allows_host("10.1.2.3"));
+        assert!(!allow.allows_host("10.2.0.1"));
+        assert!(allow.allows_host("Shard-A.example"));
+        assert!(!allow.allows_host("shard-b.example"));
+        assert!(allow.allows_host("::1"));
+        assert!(!allow.allows_host("::2"));
+        // A name that looks like an allowed network is not resolved.
+        assert!(!allow.allows_host("10.1.0.0.example"));
+    }
+
+    #[test]
+    fn a_route_inherits_its_base_entry_and_is_normalised() {
+        let c = config(ALLOW);
+        let r = Route::default().resolve(&c, "app", "alice").unwrap();
+        assert_eq!(r.base, "app");
+        assert_eq!(r.hosts, [("10.0.0.1".to_string(), 5432)]);
+        assert_eq!(&*r.key, "10.0.0.1:5432/app_main user=alice");
+        assert_eq!(&*r.shown, "app@10.0.0.1:5432/app_main");
+        let r = Route {
+            hosts: vec![host("10.1.0.7"), host("shard-a.example:5433")],
+            dbname: Some("t42".into()),
+            user: Some("bob".into()),
+            pool_size: Some(3),
+            pool_mode: Some(PoolMode::Session),
+            ..Route::default()
+        }
+        .resolve(&c, "app", "alice.t42")
+        .unwrap();
+        assert_eq!(
+            &*r.key,
+            "10.1.0.7:5432,shard-a.example:5433/t42 user=bob pool_size=3 pool_mode=session"
+        );
+    }
+
+    #[test]
+    fn what_a_route_names_must_be_allowed() {
+        let c = config(ALLOW);
+        let refused = |r: Route| r.resolve(&c, "app", "alice").unwrap_err().0;
+        assert!(refused(Route {
+            hosts: vec![host("10.9.0.1")],
+            ..Route::default()
+        })
+        .contains("routing.allow.hosts"));
+        assert!(refused(Route {
+            hosts: vec![host("10.1.0.1:6543")],
+            ..Route::default()
+        })
+        .contains("routing.allow.ports"));
+        assert!(refused(Route {
+            port: Some(6543),
+            ..Route::default()
+        })
+        .contains("routing.allow.ports"));
+        assert!(refused(Route {
+            database: Some("other".into()),
+            ..Route::default()
+        })
+        .contains("routing.allow.databases"));
+        assert!(refused(Route {
+            database: Some("nowhere".into()),
+            ..Route::default()
+        })
+        .contains("not listed"));
+        assert!(Route {
+            port: Some(5433),
+            ..Route::default()
+        }
+        .resolve(&c, "app", "alice")
+        .is_ok());
+    }
+
+    #[test]
+    fn without_a_routing_section_every_route_is_refused() {
+        let c = config("");
+        let e = Route::default().resolve(&c, "app", "alice").unwrap_err();
+        assert!(e.0.contains("no `routing` section"), "{e}");
+    }
+
+    #[test]
+    fn the_allow_list_is_validated() {
+        for (bad, key) in [
+            (
+                "routing:\n  allow:\n    hosts: ['10.0.0.0/33']\n",
+                "routing.allow.hosts",
+            ),
+            (
+                "routing:\n  allow:\n    ports: [0]\n",
+                "routing.allow.ports",
+            ),
+            (
+                "routing:\n  allow:\n    databases: [nowhere]\n",
+                "routing.allow.databases",
+            ),
+            ("routing:\n  max_pools: 0\n", "routing.max_pools"),
+        ] {
+            let e = Config::from_yaml(
+                &format!("databases:\n  app: {{host: 10.0.0.1}}\n{bad}"),
+                "test.yaml",
+            )
+            .unwrap_err();
+            assert!(e.to_string().contains(key), "{bad}: {e}");
+        }
+        assert_eq!(config(ALLOW).routing.unwrap().max_pools, 100);
+    }
+}

@@ -1,0 +1,399 @@
+//! Tenant routing (issue 30): a client_connection hook sends each client's
+//! session to its tenant's shard with `ctx:route{...}`. Two real
+//! PostgreSQL clusters are the two shards (the shared one and this
+//! module's own); the hook is the cookbook's `tenant-in-user-name.lua`
+//! with the shards' ports written in. The clients authenticate as
+//! `alice.tenant<N>` against their own `users:` entries (alice's
+//! password); the route logs them in to the shard as alice, whose
+//! password usher has from its `users:` entry.
+
+use crate::common::console::console_table;
+use crate::common::wait::{wait_for_async, DEADLINE};
+use crate::common::{sqlstate, PgCluster, Usher, ALICE_PASSWORD};
+use std::path::Path;
+
+const TENANTS: usize = 10;
+const CLIENTS: usize = 100;
+const ROWS_PER_CLIENT: usize = 5;
+
+fn shard_b() -> &'static PgCluster {
+    PgCluster::own(module_path!())
+}
+
+/// A database of this module's on a shard, owned by alice, with the rows table.
+fn create_shard_database(pg: &PgCluster, name: &str) {
+    pg.psql_super(&format!("DROP DATABASE IF EXISTS {name}"));
+    pg.psql_super(&format!("CREATE DATABASE {name} OWNER alice"));
+    pg.psql_super_db(
+        name,
+        "CREATE TABLE tenant_rows (tenant int NOT NULL, n int NOT NULL); \
+         ALTER TABLE tenant_rows OWNER TO alice",
+    );
+}
+
+/// The recipe with the two shards' ports and `dbname` written in.
+fn hooks_dir(a: u16, b: u16, dbname: &str) -> tempfile::TempDir {
+    let recipe =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/cookbook/tenant-in-user-name.lua");
+    let code = std::fs::read_to_string(recipe).unwrap();
+    let code = code
+        .replace("port = 5432", &format!("port = {a}"))
+        .replace("port = 5433", &format!("port = {b}"))
+        .replace(
+            "local dbname = \"tenants\"",
+            &format!("local dbname = \"{dbname}\""),
+        );
+    assert!(
+        code.contains(&format!("port = {b}")),
+        "the recipe's shards moved"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("tenant-in-user-name.lua"), code).unwrap();
+    dir
+}
+
+/// usher over shard A's `app`, routing by the recipe; `allowed_ports` in
+/// routing.allow.
+async fn routing_usher(hooks: &Path, a: u16, allowed_ports: &[u16]) -> Usher {
+    let mut users =
+        format!("  alice: {{ password: {ALICE_PASSWORD} }}\n  admin: {{ password: admin-pw }}\n");
+    for t in 0..TENANTS {
+        users.push_str(&format!(
+            "  alice.tenant{t}: {{ password: {ALICE_PASSWORD} }}\n"
+        ));
+    }
+    let ports: Vec<String> = allowed_ports.iter().map(u16::to_string).collect();
+    Usher::start_yaml(&format!(
+        "listen: 127.0.0.1:0\n\
+         pool_mode: transaction\n\
+         pool_size: 3\n\
+         hooks: {{ dir: {} }}\n\
+         databases:\n  app: {{ host: 127.0.0.1, port: {a} }}\n\
+         users:\n{users}\
+         admin: {{ users: [admin] }}\n\
+         routing:\n  allow: {{ hosts: [127.0.0.0/8], ports: [{}], databases: [app] }}\n",
+        hooks.display(),
+        ports.join(", ")
+    ))
+    .await
+}
+
+async fn tenant_client(
+    usher: &Usher,
+    tenant: usize,
+) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+    usher
+        .connect_as(&format!("alice.tenant{tenant}"), ALICE_PASSWORD)
+        .await
+}
+
+/// (tenant, rows) on one shard's database, counted there directly.
+fn counts(pg: &PgCluster, db: &str) -> Vec<(usize, usize)> {
+    let out = pg.psql_super_db(
+        db,
+        "SELECT tenant, count(*) FROM tenant_rows GROUP BY tenant ORDER BY tenant",
+    );
+    out.lines()
+        .map(|l| {
+            let (t, n) = l.split_once('|').unwrap();
+            (t.parse().unwrap(), n.parse().unwrap())
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_tenants_rows_land_on_its_shard_and_a_cancel_reaches_it() {
+    let (a, b) = (PgCluster::shared(), shard_b());
+    let db = "routing_rows";
+    create_shard_database(a, db);
+    create_shard_database(b, db);
+    let hooks = hooks_dir(a.port, b.port, db);
+    let usher = routing_usher(hooks.path(), a.port, &[a.port, b.port]).await;
+
+    let mut tasks = Vec::new();
+    for i in 0..CLIENTS {
+        let tenant = i % TENANTS;
+        let client = tenant_client(&usher, tenant)
+            .await
+            .unwrap_or_else(|e| panic!("tenant {tenant}: {e:?}"));
+        tasks.push(tokio::spawn(async move {
+            for n in 0..ROWS_PER_CLIENT {
+                client
+                    .execute(
+                        "INSERT INTO tenant_rows VALUES ($1, $2)",
+                        &[&(tenant as i32), &(n as i32)],
+                    )
+                    .await
+                    .unwrap_or_else(|e| panic!("tenant {tenant}: {e:?}"));
+            }
+            // The session is where the route says, as alice.
+            let row = client
+                .query_one("SELECT current_user::text, current_database()::text", &[])
+                .await
+                .unwrap();
+            (row.get::<_, String>(0), row.get::<_, String>(1))
+        }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), ("alice".to_string(), db.to_string()));
+    }
+    let per_tenant = CLIENTS / TENANTS * ROWS_PER_CLIENT;
+    let even: Vec<_> = (0..TENANTS).step_by(2).map(|t| (t, per_tenant)).collect();
+    let odd: Vec<_> = (1..TENANTS).step_by(2).map(|t| (t, per_tenant)).collect();
+    assert_eq!(
+        counts(a, db),
+        even,
+        "shard A holds the even tenants' rows only"
+    );
+    assert_eq!(
+        counts(b, db),
+        odd,
+        "shard B holds the odd tenants' rows only"
+    );
+
+    // SHOW POOLS: a pool per tenant, its database value the route; no
+    // pool of the database the clients asked for is left.
+    let shown = |pg: &PgCluster| format!("app@127.0.0.1:{}/{db}", pg.port);
+    let (_, pools) = console_table(&usher, "SHOW POOLS").await;
+    for t in 0..TENANTS {
+        let shard = if t % 2 == 0 { a } else { b };
+        let user = format!("alice.tenant{t}");
+        assert!(
+            pools.iter().any(|r| r[0] == shown(shard) && r[1] == user),
+            "tenant {t}'s routed pool in {pools:?}"
+        );
+    }
+    assert!(!pools.iter().any(|r| r[0] == "app"), "{pools:?}");
+
+    // A cancel request reaches the shard the session was routed to.
+    let client = tenant_client(&usher, 7).await.unwrap();
+    let token = client.cancel_token();
+    let sleeping = tokio::spawn(async move {
+        let r = client
+            .simple_query("SELECT pg_sleep(60) /* routing cancel */")
+            .await;
+        r.err().and_then(|e| sqlstate(&e))
+    });
+    wait_for_async(DEADLINE, "the sleep runs on shard B", || async {
+        let n = b.psql_super(
+            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%/* routing cancel */' AND state = 'active' AND pid <> pg_backend_pid()",
+        );
+        if n == "1" { Ok(()) } else { Err(n) }
+    })
+    .await;
+    let (_, clients) = console_table(&usher, "SHOW CLIENTS").await;
+    assert!(
+        clients
+            .iter()
+            .any(|r| r[1] == "alice.tenant7" && r[2] == shown(b) && r[4] == "active"),
+        "{clients:?}"
+    );
+    token
+        .cancel_query(tokio_postgres::NoTls)
+        .await
+        .expect("cancel sent");
+    assert_eq!(
+        sleeping.await.unwrap().as_deref(),
+        Some("57014"),
+        "the query was canceled on its shard"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_outside_routing_allow_is_refused() {
+    let (a, b) = (PgCluster::shared(), shard_b());
+    // Only shard A's port is allowed: odd tenants' routes name shard B's.
+    let hooks = hooks_dir(a.port, b.port, "app");
+    let usher = routing_usher(hooks.path(), a.port, &[a.port]).await;
+    let Err(e) = tenant_client(&usher, 3).await else {
+        panic!("a route outside routing.allow was let in")
+    };
+    assert_eq!(sqlstate(&e).as_deref(), Some("28000"), "{e:?}");
+    assert_eq!(e.as_db_error().unwrap().message(), "route not allowed");
+    // An allowed route in the same usher works, as alice on shard A's app.
+    let c = tenant_client(&usher, 4).await.expect("an allowed route");
+    let user: String = c
+        .query_one("SELECT current_user::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(user, "alice");
+}
+
+/// The cookbook's routing-table.lua with its ttl at one second.
+fn table_hooks_dir() -> tempfile::TempDir {
+    let recipe = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/cookbook/routing-table.lua");
+    let code = std::fs::read_to_string(recipe).unwrap();
+    assert!(code.contains("local ttl = 30\n"), "the recipe's ttl moved");
+    let code = code.replace("local ttl = 30\n", "local ttl = 1\n");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("routing-table.lua"), code).unwrap();
+    dir
+}
+
+async fn server_port(c: &tokio_postgres::Client) -> Result<i32, tokio_postgres::Error> {
+    Ok(c.query_one("SELECT inet_server_port()", &[]).await?.get(0))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn moving_a_tenant_in_the_routing_table_sends_new_sessions_to_its_new_shard() {
+    let (a, b) = (PgCluster::shared(), shard_b());
+    let db = "routing_table";
+    create_shard_database(a, db);
+    create_shard_database(b, db);
+    a.psql_super_db(
+        db,
+        &format!(
+            "CREATE TABLE tenant_shards (tenant text PRIMARY KEY, host text NOT NULL, \
+               port int NOT NULL, dbname text NOT NULL); \
+             ALTER TABLE tenant_shards OWNER TO alice; \
+             INSERT INTO tenant_shards VALUES ('acme', '127.0.0.1', {}, '{db}'), \
+                                              ('globex', '127.0.0.1', {}, '{db}')",
+            a.port, b.port
+        ),
+    );
+    let hooks = table_hooks_dir();
+    let usher = Usher::start_yaml(&format!(
+        "listen: 127.0.0.1:0\n\
+         pool_mode: transaction\n\
+         hooks: {{ dir: {}, timeout_ms: 10000, query: {{ database: app, user: alice, timeout_ms: 10000 }} }}\n\
+         databases:\n  app: {{ host: 127.0.0.1, port: {}, dbname: {db} }}\n\
+         users:\n  alice: {{ password: {ALICE_PASSWORD} }}\n  alice.acme: {{ password: {ALICE_PASSWORD} }}\n  alice.globex: {{ password: {ALICE_PASSWORD} }}\n  alice.initech: {{ password: {ALICE_PASSWORD} }}\n\
+         routing:\n  allow: {{ hosts: [127.0.0.1], ports: [{}, {}], databases: [app] }}\n",
+        hooks.path().display(),
+        a.port,
+        a.port,
+        b.port
+    ))
+    .await;
+    let connect = |user: &'static str| {
+        let usher = &usher;
+        async move { usher.connect_as(user, ALICE_PASSWORD).await }
+    };
+    let acme = connect("alice.acme").await.unwrap();
+    let globex = connect("alice.globex").await.unwrap();
+    assert_eq!(server_port(&acme).await.unwrap(), i32::from(a.port));
+    assert_eq!(server_port(&globex).await.unwrap(), i32::from(b.port));
+    let Err(e) = connect("alice.initech").await else {
+        panic!("a tenant without a row got in")
+    };
+    assert_eq!(
+        e.as_db_error().unwrap().message(),
+        "no such tenant: initech"
+    );
+
+    // acme moves to shard B: new sessions go there once the cached row
+    // expires; the session already open goes on on shard A, with no error.
+    a.psql_super_db(
+        db,
+        &format!(
+            "UPDATE tenant_shards SET port = {} WHERE tenant = 'acme'",
+            b.port
+        ),
+    );
+    wait_for_async(DEADLINE, "a new acme session on shard B", || async {
+        let c = connect("alice.acme").await.map_err(|e| e.to_string())?;
+        match server_port(&c).await.map_err(|e| e.to_string())? {
+            p if p == i32::from(b.port) => Ok(()),
+            p => Err(format!("on port {p}")),
+        }
+    })
+    .await;
+    for _ in 0..3 {
+        assert_eq!(server_port(&acme).await.unwrap(), i32::from(a.port));
+    }
+}
+
+#[test]
+fn hooks_try_shows_the_route_and_whether_it_is_allowed() {
+    let hooks = hooks_dir(5432, 5433, "tenants");
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("usher.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "hooks: {{ dir: {} }}\ndatabases:\n  app: {{ host: 127.0.0.1, port: 5432 }}\n\
+             routing:\n  allow: {{ hosts: [127.0.0.1], ports: [5432], databases: [app] }}\n",
+            hooks.path().display()
+        ),
+    )
+    .unwrap();
+    let try_user = |user: &str| {
+        let out = crate::common::usher_cli()
+            .args(["--config", config.to_str().unwrap()])
+            .args(["hooks", "try", "client_connection", "--user", user])
+            .args(["--database", "app"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let text = try_user("alice.tenant2");
+    assert!(
+        text.contains("route by tenant-in-user-name.lua: app@127.0.0.1:5432/tenants (user alice)"),
+        "{text}"
+    );
+    let text = try_user("alice.tenant3");
+    assert!(
+        text.contains("route by tenant-in-user-name.lua not allowed (28000): port 5433 is not in routing.allow.ports"),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_may_choose_session_mode_and_inherit_the_rest() {
+    let pg = PgCluster::shared();
+    let db = "routing_session";
+    create_shard_database(pg, db);
+    let hooks = tempfile::tempdir().unwrap();
+    std::fs::write(
+        hooks.path().join("10-route.lua"),
+        format!(
+            "function client_connection(ctx)\n  ctx:route{{ dbname = \"{db}\", pool_mode = \"session\", pool_size = 2 }}\nend\n"
+        ),
+    )
+    .unwrap();
+    let usher = Usher::start_yaml(&format!(
+        "listen: 127.0.0.1:0\n\
+         pool_mode: transaction\n\
+         hooks: {{ dir: {} }}\n\
+         databases:\n  app: {{ host: 127.0.0.1, port: {} }}\n\
+         users:\n  alice: {{ password: {ALICE_PASSWORD} }}\n  admin: {{ password: admin-pw }}\n\
+         admin: {{ users: [admin] }}\n\
+         routing:\n  allow: {{ databases: [app] }}\n",
+        hooks.path().display(),
+        pg.port
+    ))
+    .await;
+    let c = usher.alice().await;
+    let mut pids = std::collections::BTreeSet::new();
+    for i in 0..3 {
+        let row = c
+            .query_one(
+                "SELECT pg_backend_pid(), current_database()::text, $1::int",
+                &[&i],
+            )
+            .await
+            .unwrap();
+        assert_eq!(row.get::<_, String>(1), db);
+        assert_eq!(row.get::<_, i32>(2), i);
+        pids.insert(row.get::<_, i32>(0));
+    }
+    assert_eq!(pids.len(), 1, "{pids:?}");
+    // Session mode: the idle client keeps its server connection.
+    let (columns, clients) = console_table(&usher, "SHOW CLIENTS").await;
+    let link = columns.iter().position(|c| c == "link").unwrap();
+    let alice = clients
+        .iter()
+        .find(|r| r[1] == "alice")
+        .unwrap_or_else(|| panic!("{clients:?}"));
+    assert_eq!(alice[2], format!("app@127.0.0.1:{}/{db}", pg.port));
+    assert!(alice[link].starts_with('s'), "idle, yet linked: {alice:?}");
+    let (columns, pools) = console_table(&usher, "SHOW POOLS").await;
+    let mode = columns.iter().position(|c| c == "pool_mode").unwrap();
+    let shown = format!("app@127.0.0.1:{}/{db}", pg.port);
+    let row = pools
+        .iter()
+        .find(|r| r[0] == shown && r[1] == "alice")
+        .unwrap_or_else(|| panic!("{pools:?}"));
+    assert_eq!(row[mode], "session");
+}

@@ -164,6 +164,15 @@ impl App {
                 key: key.to_string(),
                 message: e.to_string(),
             })?;
+        // SET hooks.enabled is the switch itself, whatever the file said
+        // (after DISABLE HOOKS the file's `true` is unchanged, so the
+        // reload's rule, act on a change in the file, would do nothing).
+        // A RELOAD of an unchanged file still leaves the switch alone.
+        if key.eq_ignore_ascii_case("hooks.enabled") {
+            self.deps
+                .hooks
+                .set_enabled(self.deps.snapshot().config.hooks.enabled);
+        }
         // A password is not logged.
         let shown = if key.to_ascii_lowercase().ends_with("password") {
             "(hidden)"

@@ -504,10 +504,10 @@ async fn routed_pool<'a>(
             Some(Secret::Plain { password, .. }) => ServerCredential::Password(password),
             Some(Secret::Md5(hash)) => ServerCredential::Md5(hash),
             Some(Secret::Scram(role)) => match to.client_secret {
-                Some(Secret::Scram(mine)) if *mine == role => {
+                Some(Secret::Scram(mine)) if mine.ct_eq(&role) => {
                     server_credential(to.client_secret, to.authenticated)
                 }
-                Some(Secret::Plain { verifier, .. }) if *verifier == role => {
+                Some(Secret::Plain { verifier, .. }) if verifier.ct_eq(&role) => {
                     server_credential(to.client_secret, to.authenticated)
                 }
                 _ => ServerCredential::None,

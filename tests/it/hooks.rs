@@ -445,6 +445,24 @@ async fn the_switch_turns_every_hook_off_and_admins_always_get_in() {
     console(&usher, "ENABLE HOOKS").await.unwrap();
     assert!(usher.connect_as("alice", ALICE_PASSWORD).await.is_err());
 
+    // SET hooks.enabled is the same switch, whatever the file says (it
+    // says true here, so a change in the file is not what moves it); a
+    // RELOAD of the unchanged file leaves it where it is.
+    console(&usher, "SET hooks.enabled = false").await.unwrap();
+    usher.alice().await;
+    console(&usher, "SET hooks.enabled = true").await.unwrap();
+    assert!(usher.connect_as("alice", ALICE_PASSWORD).await.is_err());
+    console(&usher, "DISABLE HOOKS").await.unwrap();
+    console(&usher, "SET hooks.enabled = true").await.unwrap();
+    assert!(
+        usher.connect_as("alice", ALICE_PASSWORD).await.is_err(),
+        "SET hooks.enabled = true after DISABLE HOOKS turns them on"
+    );
+    console(&usher, "DISABLE HOOKS").await.unwrap();
+    console(&usher, "RELOAD").await.unwrap();
+    usher.alice().await;
+    console(&usher, "ENABLE HOOKS").await.unwrap();
+
     // hooks.enabled: false in the config.
     let off = Usher::start(pg, &hooks.yaml("enabled: false")).await;
     let c = off.alice().await;

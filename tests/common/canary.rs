@@ -12,8 +12,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The longest a canary's query or login may take.
+/// The longest a canary's query may take.
 pub const STALL: Duration = Duration::from_millis(250);
+
+/// The longest a canary's console login may take. A SCRAM login is two
+/// PBKDF2 derivations of 4,096 rounds (the canary's and usher's), a few
+/// ms of CPU where a query is microseconds: with the whole suite on the
+/// 2-core machine (4 test threads, in-process ushers, clusters), logins
+/// took 260-322 ms with nothing stalled in usher, while the stalls the
+/// canary is for (a runtime worker held by a hook, a spin) last seconds.
+pub const LOGIN_STALL: Duration = Duration::from_millis(500);
 
 /// How long one step is waited for before it counts as hung (then the
 /// canary gives up: the test fails at check with what it saw).
@@ -27,17 +35,23 @@ pub struct Canary {
 #[derive(Debug, Default)]
 struct Report {
     steps: u64,
-    /// The slowest step: what it was and how long it took.
-    slowest: Option<(String, Duration)>,
+    /// The slowest step for its limit: what it was, how long it took,
+    /// and its limit.
+    slowest: Option<(String, Duration, Duration)>,
     /// A step that failed outright.
     failure: Option<String>,
 }
 
 impl Report {
-    fn record(&mut self, what: &str, took: Duration) {
+    fn record(&mut self, what: &str, took: Duration, limit: Duration) {
         self.steps += 1;
-        if self.slowest.as_ref().is_none_or(|(_, d)| took > *d) {
-            self.slowest = Some((what.to_string(), took));
+        let share = took.as_secs_f64() / limit.as_secs_f64();
+        if self
+            .slowest
+            .as_ref()
+            .is_none_or(|(_, d, l)| share > d.as_secs_f64() / l.as_secs_f64())
+        {
+            self.slowest = Some((what.to_string(), took, limit));
         }
     }
 }
@@ -76,10 +90,10 @@ impl Canary {
         if let Some(failure) = &report.failure {
             panic!("the canary failed: {failure} ({report:?})");
         }
-        let (what, took) = report.slowest.clone().unwrap_or_default();
+        let (what, took, limit) = report.slowest.clone().unwrap_or_default();
         assert!(
-            took <= STALL,
-            "the canary stalled: {what} took {took:?} (over {STALL:?}; {} steps)",
+            took <= limit,
+            "the canary stalled: {what} took {took:?} (over {limit:?}; {} steps)",
             report.steps
         );
         assert!(report.steps > 0, "the canary never ran");
@@ -154,7 +168,12 @@ async fn run(
             ("select 1", tokio::time::timeout(GIVE_UP, query).await)
         };
         let took = started.elapsed();
-        report.record(what, took);
+        let limit = if what == "a console login" {
+            LOGIN_STALL
+        } else {
+            STALL
+        };
+        report.record(what, took, limit);
         match outcome {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {

@@ -55,6 +55,11 @@ fn hooks_dir(a: u16, b: u16, dbname: &str) -> tempfile::TempDir {
 /// usher over shard A's `app`, routing by the recipe; `allowed_ports` in
 /// routing.allow.
 async fn routing_usher(hooks: &Path, a: u16, allowed_ports: &[u16]) -> Usher {
+    routing_usher_with(hooks, a, allowed_ports, "").await
+}
+
+/// [`routing_usher`] with more keys of `routing:` (indented by two).
+async fn routing_usher_with(hooks: &Path, a: u16, allowed_ports: &[u16], routing: &str) -> Usher {
     let mut users =
         format!("  alice: {{ password: {ALICE_PASSWORD} }}\n  admin: {{ password: admin-pw }}\n");
     for t in 0..TENANTS {
@@ -71,7 +76,7 @@ async fn routing_usher(hooks: &Path, a: u16, allowed_ports: &[u16]) -> Usher {
          databases:\n  app: {{ host: 127.0.0.1, port: {a} }}\n\
          users:\n{users}\
          admin: {{ users: [admin] }}\n\
-         routing:\n  allow: {{ hosts: [127.0.0.0/8], ports: [{}], databases: [app] }}\n",
+         routing:\n  allow: {{ hosts: [127.0.0.0/8], ports: [{}], databases: [app] }}\n{routing}",
         hooks.display(),
         ports.join(", ")
     ))
@@ -396,4 +401,46 @@ async fn a_route_may_choose_session_mode_and_inherit_the_rest() {
         .find(|r| r[0] == shown && r[1] == "alice")
         .unwrap_or_else(|| panic!("{pools:?}"));
     assert_eq!(row[mode], "session");
+}
+
+async fn backend_pid(c: &tokio_postgres::Client) -> i32 {
+    c.query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routed_pools_are_bounded_and_reconnect_of_their_base_reaches_them() {
+    let (a, b) = (PgCluster::shared(), shard_b());
+    let db = "routing_bounded";
+    create_shard_database(a, db);
+    create_shard_database(b, db);
+    let hooks = hooks_dir(a.port, b.port, db);
+    let usher =
+        routing_usher_with(hooks.path(), a.port, &[a.port, b.port], "  max_pools: 1\n").await;
+
+    let c = tenant_client(&usher, 1).await.unwrap();
+    // The same route again: its pool, not a new one.
+    let again = tenant_client(&usher, 1).await.unwrap();
+    let Err(e) = tenant_client(&usher, 3).await else {
+        panic!("a second routed pool past routing.max_pools")
+    };
+    assert_eq!(sqlstate(&e).as_deref(), Some("53300"), "{e:?}");
+    drop(again);
+
+    // RECONNECT of the base database's name closes the routed pool's
+    // connections too.
+    let before = backend_pid(&c).await;
+    assert_eq!(
+        backend_pid(&c).await,
+        before,
+        "the idle connection is reused"
+    );
+    crate::common::console::console(&usher, "RECONNECT app").await;
+    assert_ne!(
+        backend_pid(&c).await,
+        before,
+        "RECONNECT app reached the routed pool"
+    );
 }

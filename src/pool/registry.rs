@@ -181,16 +181,34 @@ impl Pools {
     }
 
     /// A login whose hook routed it elsewhere gives back the pool of the
-    /// database it asked for: removed if this login created it and nobody
-    /// used it (a listed database's too: such a pool, of `alice.tenant42`
-    /// say, would only ever be empty, or open connections nobody needs).
+    /// database it asked for: removed if every login of it was routed away
+    /// and nobody used it (a listed database's too: such a pool, of
+    /// `alice.tenant42` say, would only ever be empty, or open connections
+    /// nobody needs). Logins routed away at once (ten of one tenant) each
+    /// count themselves and let go of the pool before they look, under the
+    /// map's lock: whichever looks last sees every other one gone, and
+    /// removes it.
     pub fn give_back_routed_away(&self, pool: Arc<Pool>) {
-        let s = &pool.stats;
-        let untouched = s.logins.load(Ordering::Relaxed) <= 1
-            && s.checkouts.load(Ordering::Relaxed) == 0
-            && pool.idle_count() == 0;
-        if (untouched || removable(&pool)) && remove_unused(&self.map, &pool, 2) {
-            tracing::debug!(db = %pool.database, user = %pool.user, "pool left by a routed login removed");
+        pool.stats.routed_away.fetch_add(1, Ordering::AcqRel);
+        let auto = removable(&pool);
+        let key = (
+            pool.database.clone(),
+            pool.user.clone(),
+            pool.route.as_ref().map(|r| r.key.clone()),
+        );
+        let ours = Arc::as_ptr(&pool);
+        drop(pool);
+        let removed = self.map.remove_if(&key, |_, p| {
+            let s = &p.stats;
+            let untouched = s.logins.load(Ordering::Acquire)
+                <= s.routed_away.load(Ordering::Acquire)
+                && s.checkouts.load(Ordering::Acquire) == 0
+                && p.idle_count() == 0;
+            std::ptr::eq(Arc::as_ptr(p), ours) && (untouched || auto) && !in_use(p, 1)
+        });
+        if let Some((_, pool)) = removed {
+            pool.close_idle();
+            tracing::debug!(db = %pool.database, user = %pool.user, "pool left by routed logins removed");
         }
     }
 

@@ -45,6 +45,7 @@ fuzz_target!(|data: &[u8]| {
         known: secret.is_some(),
         secret,
         certificate: None,
+        peer: None,
         mock_key: b"mock",
     };
     let mut stream = Duplex::new(input.rest());

@@ -3,6 +3,7 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use usher::auth::hba::{Connection, Decision, Hba};
+use usher::client_addr::ClientHost;
 use usher_fuzz::block_on;
 
 fuzz_target!(|data: &[u8]| {
@@ -15,8 +16,8 @@ fuzz_target!(|data: &[u8]| {
     }
 });
 
-/// Decides for connections over both address families, with and without
-/// TLS; every decision names a rule of this file.
+/// Decides for connections over both address families and the Unix-domain
+/// socket, with and without TLS; every decision names a rule of this file.
 fn decide_some(hba: &Hba, origin: &str) {
     for (addr, tls) in [
         ("127.0.0.1", false),
@@ -24,9 +25,14 @@ fn decide_some(hba: &Hba, origin: &str) {
         ("::1", false),
         ("::ffff:10.1.2.3", true),
         ("2001:db8::1", false),
+        ("local", false),
     ] {
+        let host = match addr {
+            "local" => ClientHost::Local,
+            ip => ClientHost::Ip(ip.parse().unwrap()),
+        };
         let conn = Connection {
-            addr: addr.parse().unwrap(),
+            host,
             tls,
             database: "app",
             user: "alice",

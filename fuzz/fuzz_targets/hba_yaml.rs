@@ -3,6 +3,7 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use usher::auth::hba::{Connection, Decision, Hba};
+use usher::client_addr::ClientHost;
 use usher::config::HbaRuleConfig;
 use usher_fuzz::block_on;
 
@@ -15,9 +16,15 @@ fuzz_target!(|data: &[u8]| {
     };
     match Hba::from_config(&rules) {
         Ok(hba) => {
-            for (addr, tls) in [("127.0.0.1", false), ("10.1.2.3", true), ("::1", false)] {
+            let hosts = [
+                (ClientHost::Ip("127.0.0.1".parse().unwrap()), false),
+                (ClientHost::Ip("10.1.2.3".parse().unwrap()), true),
+                (ClientHost::Ip("::1".parse().unwrap()), false),
+                (ClientHost::Local, false),
+            ];
+            for (host, tls) in hosts {
                 let conn = Connection {
-                    addr: addr.parse().unwrap(),
+                    host,
                     tls,
                     database: "app",
                     user: "alice",

@@ -30,8 +30,12 @@ async fn console_messages_in(
 
 /// The rows of a console command on the usher listening on `port`.
 pub async fn console_at(port: u16, command: &str) -> Result<Vec<Row>, tokio_postgres::Error> {
-    Ok(console_messages(port, command)
-        .await?
+    Ok(rows(console_messages(port, command).await?))
+}
+
+/// The rows among a command's messages.
+pub fn rows(messages: Vec<SimpleQueryMessage>) -> Vec<Row> {
+    messages
         .into_iter()
         .filter_map(|m| match m {
             SimpleQueryMessage::Row(r) => Some(
@@ -43,7 +47,7 @@ pub async fn console_at(port: u16, command: &str) -> Result<Vec<Row>, tokio_post
             ),
             _ => None,
         })
-        .collect())
+        .collect()
 }
 
 /// The rows of a console command; panics if it fails.

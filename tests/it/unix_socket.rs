@@ -13,7 +13,7 @@ use crate::common::{sqlstate, PgCluster, Usher, UsherProcess, ALICE_PASSWORD, BO
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio_postgres::{NoTls, SimpleQueryMessage};
+use tokio_postgres::NoTls;
 
 /// The socket's path for usher's port, as libpq names it.
 fn socket(dir: &Path, port: u16) -> PathBuf {
@@ -46,21 +46,7 @@ async fn console_unix(dir: &Path, port: u16, command: &str) -> Vec<Row> {
     let c = connect_unix(dir, port, "admin", "admin-pw", "usher")
         .await
         .expect("admin on the socket");
-    c.simple_query(command)
-        .await
-        .unwrap()
-        .into_iter()
-        .filter_map(|m| match m {
-            SimpleQueryMessage::Row(r) => Some(
-                r.columns()
-                    .iter()
-                    .enumerate()
-                    .map(|(i, col)| (col.name().to_string(), r.get(i).map(str::to_string)))
-                    .collect(),
-            ),
-            _ => None,
-        })
-        .collect()
+    crate::common::console::rows(c.simple_query(command).await.unwrap())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -50,6 +50,7 @@ users:
 admin: { users: [bench] }
 hooks: { dir: $work/no-hooks }
 log: { level: warn }
+${EXTRA_YAML:-}
 YAML
   valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$work/cg.$1" \
     "$USHER_BIN" --config "$work/u$1.yaml" 2>"$work/u$1.log" &

@@ -28,14 +28,25 @@ PG_MAX_CONNECTIONS=250
 
 export PGPASSWORD=bench-pw
 pgbench -i -q -s 10 -h 127.0.0.1 -p "$PGPORT" -U bench bench >/dev/null 2>&1
+# Two ushers: by default one build with workers 1 and 2; W1_BIN, W2_BIN,
+# W1_WORKERS and W2_WORKERS compare two builds instead.
+W1_BIN=${W1_BIN:-target/release/usher}; W2_BIN=${W2_BIN:-target/release/usher}
 start_usher_and_pgbouncer "max_client_conn: 20000
-workers: 1"
+workers: ${W1_WORKERS:-1}"
+if [ "$W1_BIN" != target/release/usher ]; then
+  kill "$U_PID"; wait "$U_PID" 2>/dev/null || true
+  USHER_SECRET=$(scram_verifier bench) start_usher usher "$USHER_PORT" "hooks: { dir: $work/no-hooks }
+max_client_conn: 20000
+workers: ${W1_WORKERS:-1}" "$W1_BIN"
+  U_PID=$USHER_PID
+fi
 W1_PORT=$USHER_PORT; W1_PID=$U_PID
 W2_PORT=$(free_port)
 USHER_SECRET=$(scram_verifier bench) start_usher usher2 "$W2_PORT" "hooks: { dir: $work/no-hooks }
 max_client_conn: 20000
-workers: 2"
+workers: ${W2_WORKERS:-2}" "$W2_BIN"
 W2_PID=$USHER_PID
+echo "w1: $W1_BIN, workers ${W1_WORKERS:-1}; w2: $W2_BIN, workers ${W2_WORKERS:-2}"
 
 echo
 echo "pgbench -S -M $MODE, ${DURATION}s x $ROUNDS interleaved rounds per point, medians; pool_size $POOL_SIZE, transaction mode"

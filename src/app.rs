@@ -16,6 +16,7 @@ use crate::hooks::roles::RoleCache;
 use crate::hooks::shared::SharedStore;
 use crate::hooks::{Dispatcher, Hook};
 use crate::protocol::PgError;
+use crate::shards::Shards;
 use crate::unix_listen::{UnixSocket, UnixSocketSettings};
 use parking_lot::Mutex;
 use std::future::Future;
@@ -25,6 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::broadcast;
+use tokio::task::JoinHandle;
 
 /// The running pooler: what client sessions share ([`SessionDeps`]), and
 /// what only the whole pooler handles: the hook files and what Lua hooks
@@ -124,6 +126,12 @@ impl App {
     /// The configuration as of now.
     pub fn config(&self) -> Arc<Config> {
         self.deps.config()
+    }
+
+    /// The threads that serve clients (`workers`, restart-only; 0 is one
+    /// per CPU).
+    pub fn workers(&self) -> usize {
+        crate::shards::count_for(self.config().workers)
     }
 
     /// RELOAD and SIGHUP: reads the configuration file and the hook files
@@ -470,10 +478,37 @@ async fn serve_client(app: Arc<App>, stream: ClientStream, addr: ClientAddr) {
     }
 }
 
-/// A TCP client, as accepted.
-fn tcp_client(tcp: TcpStream, addr: SocketAddr) -> (ClientStream, ClientAddr) {
+/// Hands a TCP client, as accepted, to the next shard: it is moved off
+/// the acceptor's reactor onto the shard's, where it lives from then on.
+fn hand_tcp(shards: &Shards, app: &Arc<App>, tcp: TcpStream, addr: SocketAddr) -> JoinHandle<()> {
     let _ = tcp.set_nodelay(true);
-    (ClientStream::plain(tcp), ClientAddr::Tcp(addr))
+    let moved = tcp.into_std();
+    let app = app.clone();
+    shards.spawn(async move {
+        match moved.and_then(TcpStream::from_std) {
+            Ok(tcp) => serve_client(app, ClientStream::plain(tcp), ClientAddr::Tcp(addr)).await,
+            Err(e) => {
+                tracing::warn!(client = %addr, error = %e, "could not hand the client to a worker")
+            }
+        }
+    })
+}
+
+/// Hands a client of the Unix-domain socket to the next shard.
+fn hand_unix(
+    shards: &Shards,
+    app: &Arc<App>,
+    stream: tokio::net::UnixStream,
+    peer: crate::client_addr::LocalPeer,
+) -> JoinHandle<()> {
+    let moved = stream.into_std();
+    let app = app.clone();
+    shards.spawn(async move {
+        match moved.and_then(tokio::net::UnixStream::from_std) {
+            Ok(unix) => serve_client(app, ClientStream::unix(unix), ClientAddr::Local(peer)).await,
+            Err(e) => tracing::warn!(error = %e, "could not hand a Unix-socket client to a worker"),
+        }
+    })
 }
 
 /// The bound listeners and the app behind them.
@@ -485,12 +520,11 @@ pub struct Server {
 }
 
 /// The next client of the Unix-domain socket; never, without one.
-async fn accept_unix(unix: Option<&UnixSocket>) -> std::io::Result<(ClientStream, ClientAddr)> {
+async fn accept_unix(
+    unix: Option<&UnixSocket>,
+) -> std::io::Result<(tokio::net::UnixStream, crate::client_addr::LocalPeer)> {
     match unix {
-        Some(u) => {
-            let (stream, peer) = u.accept().await?;
-            Ok((ClientStream::unix(stream), ClientAddr::Local(peer)))
-        }
+        Some(u) => u.accept().await,
         None => std::future::pending().await,
     }
 }
@@ -542,6 +576,13 @@ impl Server {
     /// are ended between transactions, with a short grace to get there.
     pub async fn run(self) {
         let app = self.app;
+        let shards = match Shards::start(app.workers()) {
+            Ok(shards) => shards,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot start the worker threads");
+                return;
+            }
+        };
         app.start_background();
         let mut shutdown = app.deps.shutting_down();
         tracing::info!(
@@ -558,16 +599,15 @@ impl Server {
                 accepted = self.listener.accept() => match accepted {
                     Ok((stream, addr)) => {
                         backoff.accepted();
-                        let (stream, addr) = tcp_client(stream, addr);
-                        tokio::spawn(serve_client(app.clone(), stream, addr));
+                        hand_tcp(&shards, &app, stream, addr);
                         continue;
                     }
                     Err(e) => backoff.failed(&e),
                 },
                 accepted = accept_unix(self.unix.as_ref()) => match accepted {
-                    Ok((stream, addr)) => {
+                    Ok((stream, peer)) => {
                         unix_backoff.accepted();
-                        tokio::spawn(serve_client(app.clone(), stream, addr));
+                        hand_unix(&shards, &app, stream, peer);
                         continue;
                     }
                     Err(e) => unix_backoff.failed(&e),
@@ -585,16 +625,14 @@ impl Server {
         // file goes first (unless another usher took it over).
         let mut queued: Vec<_> = crate::listen::drain_backlog(self.listener)
             .into_iter()
-            .map(|(stream, addr)| {
-                let (stream, addr) = tcp_client(stream, addr);
-                tokio::spawn(serve_client(app.clone(), stream, addr))
-            })
+            .map(|(stream, addr)| hand_tcp(&shards, &app, stream, addr))
             .collect();
         if let Some(unix) = self.unix {
-            queued.extend(unix.close().into_iter().map(|(stream, peer)| {
-                let (stream, addr) = (ClientStream::unix(stream), ClientAddr::Local(peer));
-                tokio::spawn(serve_client(app.clone(), stream, addr))
-            }));
+            queued.extend(
+                unix.close()
+                    .into_iter()
+                    .map(|(stream, peer)| hand_unix(&shards, &app, stream, peer)),
+            );
         }
         let deadline = Duration::from_secs_f64(app.config().shutdown_timeout);
         tracing::info!(

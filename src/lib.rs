@@ -17,6 +17,7 @@ pub mod logging;
 pub mod metrics;
 pub(crate) mod pool;
 pub mod protocol;
+pub mod shards;
 pub mod signals;
 pub mod tls;
 pub mod unix_listen;

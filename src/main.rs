@@ -105,11 +105,13 @@ fn large_blocks_go_back_to_the_system() {
 
 fn run(app: std::sync::Arc<usher::App>, endpoint: Option<usher::metrics::Endpoint>) -> ExitCode {
     let config = app.config();
-    let mut runtime = tokio::runtime::Builder::new_multi_thread();
-    if config.workers > 0 {
-        runtime.worker_threads(config.workers);
-    }
-    let runtime = runtime.enable_all().build().expect("tokio runtime");
+    // This thread accepts clients and runs the signal handlers, the metrics
+    // endpoint and the background work; clients are served by the worker
+    // threads `Server::run` starts (src/shards.rs).
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
     runtime.block_on(async move {
         let server = match usher::Server::bind_app(app).await {
             Ok(s) => s,
@@ -123,14 +125,7 @@ fn run(app: std::sync::Arc<usher::App>, endpoint: Option<usher::metrics::Endpoin
         if let Some(endpoint) = endpoint {
             tokio::spawn(endpoint.serve());
         }
-        // On a worker thread, not this one: a client's task is then spawned
-        // on the worker that accepted it, not handed across threads.
-        match tokio::spawn(server.run()).await {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                tracing::error!(error = %e, "the accept loop ended abnormally");
-                ExitCode::from(1)
-            }
-        }
+        server.run().await;
+        ExitCode::SUCCESS
     })
 }

@@ -168,6 +168,8 @@ pub struct ServerConn {
     /// Client sessions this connection has served (session mode), so a
     /// session_start hook can tell a fresh connection from a reused one.
     sessions_served: u64,
+    /// The shard whose reactor watches its socket ([`crate::shards`]).
+    shard: usize,
     /// What the pool keeps for as long as the connection lives (its place
     /// under `max_db_connections` / `max_user_connections`), given back
     /// when it is dropped, however it is closed.
@@ -199,8 +201,36 @@ impl ServerConn {
             last_used: now,
             prepared: PreparedSet::unbounded(),
             sessions_served: 0,
+            shard: crate::shards::current(),
             keep: None,
         }
+    }
+
+    /// Moves the socket to the calling shard's reactor if another's
+    /// watches it: a client served here is then woken by its own thread.
+    /// Whether it moved. If it cannot (out of descriptors), it stays where
+    /// it is, which works, only with wake-ups across threads.
+    pub fn bring_to_this_shard(&mut self) -> bool {
+        let here = crate::shards::current();
+        if self.shard == here || here == crate::shards::NONE {
+            return false;
+        }
+        match self.stream.rehome() {
+            Ok(()) => {
+                self.shard = here;
+                true
+            }
+            Err(e) => {
+                tracing::debug!(server = self.id, error = %e, "server connection not moved to this worker");
+                false
+            }
+        }
+    }
+
+    /// [`ServerConn::looks_alive`] asked of the socket itself, for one
+    /// just moved here (its new registration knows no readiness yet).
+    pub fn peek_alive(&self) -> bool {
+        self.stream.peek_alive()
     }
 
     /// Keeps `value` until this connection is dropped.

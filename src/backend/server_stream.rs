@@ -95,7 +95,34 @@ pub async fn open(host: &str, port: u16, tls: &ServerTls) -> Result<ServerStream
     Ok(ServerStream::Tls(Box::new(WriteThrough::new(stream))))
 }
 
+/// Registers `tcp`'s socket with the calling thread's runtime instead of
+/// the one it was opened on: a duplicate of the descriptor is registered
+/// here, and the old one is deregistered and closed (the socket and all
+/// it holds stay as they are).
+fn rehome_tcp(tcp: &mut TcpStream) -> io::Result<()> {
+    use std::os::fd::AsFd;
+    let fd = tcp.as_fd().try_clone_to_owned()?;
+    *tcp = TcpStream::from_std(std::net::TcpStream::from(fd))?;
+    Ok(())
+}
+
 impl ServerStream {
+    /// Moves the connection's socket to the calling thread's reactor (see
+    /// [`crate::shards`]): its readiness is then seen on this thread, not
+    /// on the one that opened it. A TLS session is kept as it is.
+    pub fn rehome(&mut self) -> io::Result<()> {
+        use std::os::fd::AsFd;
+        match self {
+            ServerStream::Plain(tcp) => rehome_tcp(tcp),
+            ServerStream::Tls(s) => rehome_tcp(s.get_mut().get_mut().0),
+            ServerStream::Unix(unix) => {
+                let fd = unix.as_fd().try_clone_to_owned()?;
+                *unix = UnixStream::from_std(std::os::unix::net::UnixStream::from(fd))?;
+                Ok(())
+            }
+        }
+    }
+
     pub fn is_tls(&self) -> bool {
         matches!(self, ServerStream::Tls(_))
     }
@@ -136,6 +163,27 @@ impl ServerStream {
         let mut buf = ReadBuf::new(&mut probe);
         let mut cx = Context::from_waker(Waker::noop());
         matches!(tcp.poll_peek(&mut cx, &mut buf), Poll::Pending)
+    }
+}
+
+impl ServerStream {
+    /// [`ServerStream::looks_alive`] asked of the socket itself (one
+    /// system call), for a connection whose readiness this thread's
+    /// reactor has not seen yet (just [rehomed](ServerStream::rehome)).
+    pub fn peek_alive(&self) -> bool {
+        let sock = match self {
+            ServerStream::Plain(tcp) => socket2::SockRef::from(tcp),
+            ServerStream::Tls(s) => {
+                let (tcp, conn) = s.get_ref().get_ref();
+                if !conn.wants_read() {
+                    return false;
+                }
+                socket2::SockRef::from(tcp)
+            }
+            ServerStream::Unix(unix) => socket2::SockRef::from(unix),
+        };
+        let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+        matches!(sock.peek(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
     }
 }
 

@@ -214,9 +214,15 @@ impl PoolCaps {
                 // Its place was given back as it closed: try again.
                 continue;
             }
-            tokio::select! {
-                _ = database_freed => {}
-                _ = user_freed => {}
+            // Only the full cap's news is awaited: when the user's cap
+            // refuses, try_server gives the database's count back and
+            // tells its waiters, this client among them, which would
+            // wake it at once, for ever (a busy loop that starved every
+            // other client of its worker).
+            if Arc::ptr_eq(full, &self.database) {
+                database_freed.await;
+            } else {
+                user_freed.await;
             }
         }
     }

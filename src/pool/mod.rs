@@ -21,6 +21,7 @@
 //! pool (0: no cap), counted in `PoolStats::pinned` and a gauge.
 
 pub mod caps;
+mod idle;
 mod outage;
 mod pool_stats;
 mod registry;
@@ -120,6 +121,15 @@ pub struct IdleServer {
 pub struct Checkout {
     pub conn: Box<ServerConn>,
     lease: Lease,
+}
+
+impl Checkout {
+    /// With its connection watched by this worker's reactor (idle.rs):
+    /// one handed over as it was checked in on another worker.
+    fn here(mut self) -> Checkout {
+        self.conn.bring_to_this_shard();
+        self
+    }
 }
 
 /// Why a checkout gave no server connection. The pool says what happened;
@@ -416,7 +426,8 @@ impl Pool {
         })?;
         let deadline = started + self.slots.settings().query_wait_timeout;
         // The slot may have been waited for: the clock is read again.
-        self.lend(slot, Instant::now(), deadline).await
+        let lent = self.lend(slot, Instant::now(), deadline).await;
+        lent.map(Checkout::here)
     }
 
     /// Whether [`Pool::checkout`] would wait now (a hint: see
@@ -444,10 +455,8 @@ impl Pool {
             return None;
         }
         let now = Instant::now();
-        Some(
-            self.lend(slot, now, now + settings.query_wait_timeout)
-                .await,
-        )
+        let lent = self.lend(slot, now, now + settings.query_wait_timeout);
+        Some(lent.await.map(Checkout::here))
     }
 
     /// Lends a connection in `slot`: an idle one if any is alive, else a
@@ -753,6 +762,17 @@ impl Pool {
             return (None, false);
         }
         if !self.still_fits(&conn) {
+            return (None, false);
+        }
+        // Taken from another worker's list: moved to this worker's
+        // reactor, and asked again, of the socket itself (the other
+        // reactor may not have seen the server close it yet).
+        if conn.bring_to_this_shard() && !conn.peek_alive() {
+            tracing::info!(
+                server = conn.id(),
+                pid = conn.backend_pid(),
+                "idle server connection was closed by the server; dropping it"
+            );
             return (None, false);
         }
         if self.slots.needs_check(&conn, now) {

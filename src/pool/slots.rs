@@ -11,10 +11,10 @@
 //! The decisions that depend on a connection's age take `now` from the
 //! caller (the pool passes `Instant::now()`), so tests state the time.
 
+use super::idle::IdleLists;
 use super::pool_stats::{Lent, PoolStats, Waiting};
 use crate::config::PoolLimits;
 use arc_swap::ArcSwap;
-use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -36,8 +36,8 @@ pub(super) trait Pooled {
 #[derive(Debug)]
 pub(super) struct Slots<C> {
     settings: ArcSwap<PoolLimits>,
-    /// Oldest used at the front; checkout takes from the back.
-    idle: Mutex<Vec<C>>,
+    /// One list per shard (idle.rs).
+    idle: IdleLists<C>,
     permits: Arc<Semaphore>,
     /// Permits to take out of circulation as they come back, after
     /// `pool_size` shrank below the connections lent out.
@@ -136,7 +136,7 @@ impl<C: Pooled> Slots<C> {
             reserve: Arc::new(Semaphore::new(settings.reserve_size)),
             reserve_owed: Arc::new(AtomicUsize::new(0)),
             settings: ArcSwap::from_pointee(settings),
-            idle: Mutex::new(Vec::new()),
+            idle: IdleLists::new(),
             owed: Arc::new(AtomicUsize::new(0)),
             generation: AtomicU64::new(0),
             paused: AtomicBool::new(false),
@@ -346,9 +346,8 @@ impl<C: Pooled> Slots<C> {
     }
 
     fn pop_idle(&self) -> Option<C> {
-        let mut idle = self.idle.lock();
-        let conn = idle.pop();
-        self.stats.idle_servers(idle.len());
+        let (conn, left) = self.idle.pop();
+        self.stats.idle_servers(left);
         conn
     }
 
@@ -359,15 +358,16 @@ impl<C: Pooled> Slots<C> {
     /// Whether it was kept; checked under the list's lock, which PAUSE's
     /// close takes after setting the flag.
     pub(super) fn add_idle(&self, conn: C) -> bool {
-        let mut idle = self.idle.lock();
-        if self.is_paused() {
-            drop(idle);
-            tracing::debug!(server = conn.id(), "opened during a pause; closing");
-            return false;
+        match self.idle.push_unless(conn, || self.is_paused()) {
+            Ok(total) => {
+                self.stats.idle_servers(total);
+                true
+            }
+            Err(conn) => {
+                tracing::debug!(server = conn.id(), "opened during a pause; closing");
+                false
+            }
         }
-        idle.push(conn);
-        self.stats.idle_servers(idle.len());
-        true
     }
 
     /// Whether a clean connection checked in now may be used again: of
@@ -407,31 +407,23 @@ impl<C: Pooled> Slots<C> {
     /// Closes the least recently used idle connection, if any; whether
     /// there was one. Dropped after the list's lock is released.
     pub(super) fn close_oldest_idle(&self) -> bool {
-        let oldest = {
-            let mut idle = self.idle.lock();
-            let oldest = (!idle.is_empty()).then(|| idle.remove(0));
-            self.stats.idle_servers(idle.len());
-            oldest
-        };
+        let oldest = self.idle.take_oldest();
+        self.stats.idle_servers(self.idle.len());
         oldest.is_some()
     }
 
     pub(super) fn close_idle(&self) {
-        let mut idle = self.idle.lock();
-        idle.clear();
-        self.stats.idle_servers(0);
+        let closing = self.idle.take_all();
+        self.stats.idle_servers(self.idle.len());
+        drop(closing);
     }
 
     /// Closes the idle connections `which` picks (the others keep their
     /// order); how many. They are dropped after the list's lock is
     /// released.
-    pub(super) fn close_idle_where(&self, mut which: impl FnMut(&C) -> bool) -> usize {
-        let closing = {
-            let mut idle = self.idle.lock();
-            let closing: Vec<C> = idle.extract_if(.., |c| which(c)).collect();
-            self.stats.idle_servers(idle.len());
-            closing
-        };
+    pub(super) fn close_idle_where(&self, which: impl FnMut(&C) -> bool) -> usize {
+        let closing = self.idle.take_where(which);
+        self.stats.idle_servers(self.idle.len());
         closing.len()
     }
 
@@ -446,7 +438,7 @@ impl<C: Pooled> Slots<C> {
 
     /// Idle connections right now.
     pub(super) fn idle_count(&self) -> usize {
-        self.idle.lock().len()
+        self.idle.len()
     }
 
     /// `describe(connection, stale)` for each idle connection, least
@@ -454,24 +446,15 @@ impl<C: Pooled> Slots<C> {
     pub(super) fn describe_idle<R>(&self, mut describe: impl FnMut(&C, bool) -> R) -> Vec<R> {
         let generation = self.generation();
         self.idle
-            .lock()
-            .iter()
-            .map(|c| describe(c, c.generation() != generation))
-            .collect()
+            .describe(|c| describe(c, c.generation() != generation))
     }
 
     /// Closes idle connections beyond `pool_size` (after it shrank), least
     /// recently used first.
     fn trim_idle(&self) {
-        let size = self.settings.load().size;
-        let active = self.active();
-        let mut idle = self.idle.lock();
-        let keep = size.saturating_sub(active);
-        if idle.len() > keep {
-            let extra = idle.len() - keep;
-            idle.drain(..extra);
-            self.stats.idle_servers(idle.len());
-        }
+        let keep = self.settings.load().size.saturating_sub(self.active());
+        while self.idle.len() > keep && self.idle.take_oldest().is_some() {}
+        self.stats.idle_servers(self.idle.len());
     }
 
     /// Housekeeping: closes idle connections beyond `pool_size`, and those
@@ -481,25 +464,24 @@ impl<C: Pooled> Slots<C> {
         let settings = self.settings.load_full();
         let min = settings.min_size.min(settings.size);
         self.trim_idle();
-        let mut idle = self.idle.lock();
-        let total = idle.len() + self.active();
+        let total = self.idle.len() + self.active();
         let idle_timeout = settings.server_idle_timeout;
         let lifetime = settings.server_lifetime;
-        let mut keep = Vec::with_capacity(idle.len());
         let mut closed = 0;
-        // Least recently used first.
-        for conn in idle.drain(..) {
+        // Least recently used first, within each shard's list.
+        let closing = self.idle.take_where(|conn| {
             let expired = idle_timeout
                 .is_some_and(|t| now.saturating_duration_since(conn.last_used()) >= t)
                 || lifetime.is_some_and(|l| now.saturating_duration_since(conn.created()) >= l);
-            if expired && total - closed > min {
+            let close = expired && total - closed > min;
+            if close {
                 closed += 1;
                 tracing::debug!(server = conn.id(), "closing idle server connection");
-            } else {
-                keep.push(conn);
             }
-        }
-        *idle = keep;
+            close
+        });
+        self.stats.idle_servers(self.idle.len());
+        drop(closing);
     }
 
     /// A free slot to open one more connection in, while idle and lent

@@ -247,9 +247,14 @@ function session_start(ctx)
 end
 "#,
     )]);
+    // One worker: its idle list is last in, first out, so b's transaction
+    // decides which connection a gets (with two, each would keep its own).
     let usher = Usher::start(
         pg,
-        &format!("pool_mode: transaction\npool_size: 2\n{}", hooks.yaml("")),
+        &format!(
+            "pool_mode: transaction\npool_size: 2\nworkers: 1\n{}",
+            hooks.yaml("")
+        ),
     )
     .await;
     let conn = format!(

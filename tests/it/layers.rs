@@ -11,6 +11,7 @@ const LAYERS: &[&str] = &[
     "protocol",    // the wire format, no runtime state
     "client_addr", // where a client connected from (TCP, or the Unix socket's peer)
     "config",      // the configuration and its table of settings
+    "shards",      // one current-thread runtime per worker thread
     "accept",      // accepting sockets with back-off
     "listen",      // the clients' listening socket (SO_REUSEPORT, the backlog at close)
     "unix_listen", // the clients' Unix-domain socket (stale files, take-over)

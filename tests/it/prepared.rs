@@ -18,7 +18,9 @@ async fn pid(c: &tokio_postgres::Client) -> i32 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_statement_follows_its_client_to_other_server_connections() {
     let pg = PgCluster::shared();
-    let usher = Usher::start(pg, "pool_mode: transaction\npool_size: 2\n").await;
+    // One worker: its idle list is last in, first out, so b's transaction
+    // decides which connection a gets (with two, each would keep its own).
+    let usher = Usher::start(pg, "pool_mode: transaction\npool_size: 2\nworkers: 1\n").await;
     let mut a = usher.alice().await;
     let mut b = usher.alice().await;
     let stmt = a
@@ -656,7 +658,8 @@ async fn sql_prepare_and_execute_follow_their_client_without_pinning() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sql_prepared_statement_runs_on_any_server_connection() {
     let pg = PgCluster::shared();
-    let usher = Usher::start(pg, "pool_mode: transaction\npool_size: 2\n").await;
+    // One worker, for the reason given in the first test of this file.
+    let usher = Usher::start(pg, "pool_mode: transaction\npool_size: 2\nworkers: 1\n").await;
     let a = usher.alice().await;
     let b = usher.alice().await;
     a.batch_execute("PREPARE p (int) AS SELECT $1 + 1, pg_backend_pid()")

@@ -23,6 +23,7 @@
 pub mod caps;
 mod idle;
 mod outage;
+mod places;
 mod pool_stats;
 mod registry;
 mod slots;

@@ -1,7 +1,8 @@
 //! A pool's bookkeeping, apart from what a connection is: the `pool_size`
-//! slots (a semaphore of permits) and waiting for one under
-//! `query_wait_timeout`, the idle list (last in, first out), generations
-//! (RECONNECT), PAUSE, and the lifetime and idle-timeout decisions.
+//! slots (places.rs, waiters queued per shard; the reserve is a semaphore)
+//! and waiting for one under `query_wait_timeout`, the idle lists (idle.rs,
+//! one per shard, last in, first out), generations (RECONNECT), PAUSE, and
+//! the lifetime and idle-timeout decisions.
 //!
 //! It is generic over the connection (anything [`Pooled`]) and does no I/O:
 //! [`super::Pool`] is these slots plus opening, vetting and resetting
@@ -12,6 +13,7 @@
 //! caller (the pool passes `Instant::now()`), so tests state the time.
 
 use super::idle::IdleLists;
+use super::places::Places;
 use super::pool_stats::{Lent, PoolStats, Waiting};
 use crate::config::PoolLimits;
 use arc_swap::ArcSwap;
@@ -38,10 +40,8 @@ pub(super) struct Slots<C> {
     settings: ArcSwap<PoolLimits>,
     /// One list per shard (idle.rs).
     idle: IdleLists<C>,
-    permits: Arc<Semaphore>,
-    /// Permits to take out of circulation as they come back, after
-    /// `pool_size` shrank below the connections lent out.
-    owed: Arc<AtomicUsize>,
+    /// The `pool_size` places, queued per shard (places.rs).
+    places: Arc<Places>,
     /// `reserve_pool_size` more places, for clients that waited
     /// `reserve_pool_timeout`; with what it owes after shrinking.
     reserve: Arc<Semaphore>,
@@ -74,23 +74,31 @@ fn resize(permits: &Semaphore, owed: &AtomicUsize, from: usize, to: usize) {
     }
 }
 
-/// One of the pool's `pool_size` places, held from the end of the wait
-/// until the connection is checked in or closed. While the pool owes
-/// permits (it shrank), the place is given up instead of returned.
+/// One of the pool's `pool_size` places (or of its reserve), held from the
+/// end of the wait until the connection is checked in or closed. While the
+/// pool owes places (it shrank), the place is given up instead of returned.
 #[derive(Debug)]
-pub(super) struct Slot {
-    permit: Option<OwnedSemaphorePermit>,
-    owed: Arc<AtomicUsize>,
+pub(super) enum Slot {
+    Place(Arc<Places>),
+    Reserve {
+        permit: Option<OwnedSemaphorePermit>,
+        owed: Arc<AtomicUsize>,
+    },
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let owed = self
-            .owed
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
-        if owed.is_ok() {
-            if let Some(p) = self.permit.take() {
-                p.forget();
+        match self {
+            Slot::Place(places) => places.give_back(),
+            Slot::Reserve { permit, owed } => {
+                let owed = owed.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                    n.checked_sub(1)
+                });
+                if owed.is_ok() {
+                    if let Some(p) = permit.take() {
+                        p.forget();
+                    }
+                }
             }
         }
     }
@@ -132,12 +140,11 @@ pub(super) enum CheckedIn {
 impl<C: Pooled> Slots<C> {
     pub(super) fn new(settings: PoolLimits, stats: Arc<PoolStats>) -> Self {
         Slots {
-            permits: Arc::new(Semaphore::new(settings.size)),
+            places: Arc::new(Places::new(settings.size)),
             reserve: Arc::new(Semaphore::new(settings.reserve_size)),
             reserve_owed: Arc::new(AtomicUsize::new(0)),
             settings: ArcSwap::from_pointee(settings),
             idle: IdleLists::new(),
-            owed: Arc::new(AtomicUsize::new(0)),
             generation: AtomicU64::new(0),
             paused: AtomicBool::new(false),
             resumed: Notify::new(),
@@ -162,7 +169,7 @@ impl<C: Pooled> Slots<C> {
         let old = self.settings.swap(Arc::new(settings));
         let new = self.settings.load();
         if new.size != old.size {
-            resize(&self.permits, &self.owed, old.size, new.size);
+            self.places.resize(old.size, new.size);
         }
         if new.reserve_size != old.reserve_size {
             resize(
@@ -237,8 +244,8 @@ impl<C: Pooled> Slots<C> {
         let waiting = Waiting::new(&self.stats);
         let main = async {
             self.wait_unpaused().await;
-            let permit = self.permits.clone().acquire_owned().await;
-            permit.map(|p| (p, &self.owed))
+            self.places.take().await;
+            Ok(Slot::Place(self.places.clone()))
         };
         // A client that waited reserve_pool_timeout may also take one of
         // the reserve's places, whichever comes first.
@@ -256,7 +263,10 @@ impl<C: Pooled> Slots<C> {
                 if permit.is_ok() {
                     tracing::debug!("taking a connection from the reserve pool");
                 }
-                permit.map(|p| (p, &self.reserve_owed))
+                permit.map(|p| Slot::Reserve {
+                    permit: Some(p),
+                    owed: self.reserve_owed.clone(),
+                })
             };
             tokio::select! {
                 biased;
@@ -268,12 +278,9 @@ impl<C: Pooled> Slots<C> {
         drop(waiting);
         self.stats.waited(started.elapsed());
         match permit {
-            Ok(Ok((permit, owed))) => {
+            Ok(Ok(slot)) => {
                 self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
-                Ok(Slot {
-                    permit: Some(permit),
-                    owed: owed.clone(),
-                })
+                Ok(slot)
             }
             Ok(Err(_)) => Err(NoSlot::Closed),
             Err(_) => Err(NoSlot::TimedOut {
@@ -288,7 +295,7 @@ impl<C: Pooled> Slots<C> {
     /// slot is taken. A hint (it may change at once), for what a client
     /// keeps while it waits.
     pub(super) fn would_wait(&self) -> bool {
-        self.is_paused() || self.permits.available_permits() == 0
+        self.is_paused() || self.places.available() == 0
     }
 
     /// A slot if one is free now and the pool is not paused; no waiting.
@@ -296,16 +303,16 @@ impl<C: Pooled> Slots<C> {
         if self.is_paused() {
             return None;
         }
-        let permit = self.permits.clone().try_acquire_owned().ok()?;
+        let slot = self.try_place()?;
         self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
-        Some(self.slot(permit))
+        Some(slot)
     }
 
-    fn slot(&self, permit: OwnedSemaphorePermit) -> Slot {
-        Slot {
-            permit: Some(permit),
-            owed: self.owed.clone(),
-        }
+    /// One of the `pool_size` places, if one is free now.
+    fn try_place(&self) -> Option<Slot> {
+        self.places
+            .try_take()
+            .then(|| Slot::Place(self.places.clone()))
     }
 
     /// Lends a connection in `slot`: it counts as active until the lease drops.
@@ -492,8 +499,7 @@ impl<C: Pooled> Slots<C> {
         if self.idle_count() + self.active() >= min || self.is_paused() {
             return None;
         }
-        let permit = self.permits.clone().try_acquire_owned().ok()?;
-        Some(self.slot(permit))
+        self.try_place()
     }
 
     /// How often housekeeping should run for these settings: a quarter of

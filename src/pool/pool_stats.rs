@@ -15,9 +15,6 @@ pub struct PoolStats {
     /// Clients that logged in to this pool (an auto database's pool is
     /// in use while this moves; see `registry::spawn_maintenance`).
     pub logins: AtomicU64,
-    /// Of those, logins a hook routed to another pool (see
-    /// `Pools::give_back_routed_away`).
-    pub routed_away: AtomicU64,
     pub checkouts: AtomicU64,
     pub transactions: AtomicU64,
     pub waiting: AtomicUsize,
@@ -84,7 +81,6 @@ impl PoolStats {
             },
             server_connects: AtomicU64::new(0),
             logins: AtomicU64::new(0),
-            routed_away: AtomicU64::new(0),
             checkouts: AtomicU64::new(0),
             transactions: AtomicU64::new(0),
             waiting: AtomicUsize::new(0),

@@ -7,7 +7,7 @@
 //! password); the route logs them in to the shard as alice, whose
 //! password usher has from its `users:` entry.
 
-use crate::common::console::console_table;
+use crate::common::console::{console, console_table, get, Row};
 use crate::common::wait::{wait_for_async, DEADLINE};
 use crate::common::{sqlstate, PgCluster, Usher, ALICE_PASSWORD};
 use std::path::Path;
@@ -442,5 +442,126 @@ async fn routed_pools_are_bounded_and_reconnect_of_their_base_reaches_them() {
         backend_pid(&c).await,
         before,
         "RECONNECT app reached the routed pool"
+    );
+}
+
+/// Polls a console command until `done` holds for its rows.
+async fn wait_for_rows(usher: &Usher, command: &str, done: impl Fn(&[Row]) -> bool) {
+    wait_for_async(DEADLINE, &format!("{command} gets there"), || async {
+        let rows = console(usher, command).await;
+        if done(&rows) {
+            Ok(())
+        } else {
+            Err(rows)
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_and_resume_of_the_base_database_reach_its_routed_pools() {
+    let (a, b) = (PgCluster::shared(), shard_b());
+    let db = "routing_pause";
+    create_shard_database(a, db);
+    create_shard_database(b, db);
+    let hooks = hooks_dir(a.port, b.port, db);
+    let usher = routing_usher(hooks.path(), a.port, &[a.port, b.port]).await;
+    let c = tenant_client(&usher, 1).await.unwrap();
+    assert_eq!(server_port(&c).await.unwrap(), i32::from(b.port));
+
+    // PAUSE app: the routed client's next query waits in its routed pool
+    // (on shard B), shown on the console as waiting there.
+    console(&usher, "PAUSE app").await;
+    let query = tokio::spawn(async move {
+        let n: i32 = c.query_one("SELECT 41 + 1", &[]).await?.get(0);
+        Ok::<_, tokio_postgres::Error>(n)
+    });
+    let shown = format!("app@127.0.0.1:{}/{db}", b.port);
+    wait_for_rows(&usher, "SHOW POOLS", |rows| {
+        rows.iter().any(|r| {
+            get(r, "database") == Some(&*shown)
+                && get(r, "user") == Some("alice.tenant1")
+                && get(r, "cl_waiting") == Some("1")
+        })
+    })
+    .await;
+    assert!(
+        !query.is_finished(),
+        "a routed query ran while app was paused"
+    );
+
+    // RESUME app lets it run, on its shard.
+    console(&usher, "RESUME app").await;
+    assert_eq!(query.await.unwrap().unwrap(), 42);
+}
+
+/// usher whose hook routes `<role>.x` to the server role `bob` on the
+/// database asked for, with these `users:` (indented by two).
+async fn bob_routing_usher(pg: &PgCluster, users: &str) -> (Usher, tempfile::TempDir) {
+    let hooks = tempfile::tempdir().unwrap();
+    std::fs::write(
+        hooks.path().join("10-as-bob.lua"),
+        "function client_connection(ctx)\n  if ctx.user:match('%.x$') then ctx:route{ user = 'bob' } end\nend\n",
+    )
+    .unwrap();
+    let usher = Usher::start_yaml(&format!(
+        "listen: 127.0.0.1:0\n\
+         pool_mode: transaction\n\
+         hooks: {{ dir: {} }}\n\
+         databases:\n  app: {{ host: 127.0.0.1, port: {} }}\n\
+         users:\n{users}\
+         routing:\n  allow: {{ databases: [app] }}\n",
+        hooks.path().display(),
+        pg.port
+    ))
+    .await;
+    (usher, hooks)
+}
+
+fn verifier(pg: &PgCluster, role: &str) -> String {
+    let v = pg.psql_super(&format!(
+        "SELECT rolpassword FROM pg_authid WHERE rolname = '{role}'"
+    ));
+    assert!(v.starts_with("SCRAM-SHA-256$"), "{role}: {v}");
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_to_another_role_passes_scram_through_when_the_secret_is_the_clients() {
+    let pg = PgCluster::shared();
+    let (bob, alice) = (verifier(pg, "bob"), verifier(pg, "alice"));
+    // bob.x's secret is bob's verifier (the server's own): its SCRAM proof
+    // lets usher log in as bob. alice.x's is alice's: usher has nothing
+    // for bob (only his verifier, which is not the client's).
+    let (usher, _hooks) = bob_routing_usher(
+        pg,
+        &format!(
+            "  bob: {{ password: '{bob}' }}\n  bob.x: {{ password: '{bob}' }}\n  alice.x: {{ password: '{alice}' }}\n"
+        ),
+    )
+    .await;
+    let c = usher
+        .connect_as("bob.x", crate::common::BOB_PASSWORD)
+        .await
+        .expect("bob.x logs in");
+    let user: String = c
+        .query_one("SELECT current_user::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(user, "bob", "the session runs as the routed role");
+
+    let refused = async {
+        let c = usher.connect_as("alice.x", ALICE_PASSWORD).await?;
+        c.simple_query("SELECT 1").await
+    }
+    .await;
+    let e = refused.expect_err("alice's proof is not bob's");
+    let db = e.as_db_error().unwrap_or_else(|| panic!("{e:?}"));
+    assert_eq!(db.code().code(), "28000", "{db:?}");
+    assert!(
+        db.message()
+            .contains("for user \"bob\", which usher does not have"),
+        "{db:?}"
     );
 }

@@ -36,6 +36,9 @@ pub struct PoolStats {
     /// Pin slots held: server connections pinned to their client
     /// (transaction mode), or about to be.
     pub pinned: AtomicUsize,
+    /// Idle server connections, as last told to the idle gauge (whose
+    /// series two pools may share: see [`PoolStats::idle_servers`]).
+    idle_now: AtomicUsize,
 }
 
 /// The Prometheus side of [`PoolStats`].
@@ -93,6 +96,7 @@ impl PoolStats {
             clients_active: AtomicUsize::new(0),
             servers_login: AtomicUsize::new(0),
             pinned: AtomicUsize::new(0),
+            idle_now: AtomicUsize::new(0),
         }
     }
 
@@ -148,9 +152,15 @@ impl PoolStats {
             .fetch_add(wait.as_micros() as u64, Ordering::Relaxed);
     }
 
-    /// Idle server connections in the pool now.
+    /// Idle server connections in the pool now (called under the pool's
+    /// idle lock). The gauge moves by the change: pools of one base
+    /// database and user on two routes share its series (the labels are
+    /// the base's), which then holds their sum, not the last one's count.
     pub(super) fn idle_servers(&self, n: usize) {
-        self.metrics.idle.set(n as f64);
+        let before = self.idle_now.swap(n, Ordering::Relaxed);
+        if n != before {
+            self.metrics.idle.increment(n as f64 - before as f64);
+        }
     }
 
     pub(super) fn connected(&self) {
@@ -210,6 +220,16 @@ impl PoolStats {
     }
 }
 
+impl Drop for PoolStats {
+    /// A pool that goes takes its idle connections out of the shared series.
+    fn drop(&mut self) {
+        let idle = *self.idle_now.get_mut();
+        if idle > 0 {
+            self.metrics.idle.decrement(idle as f64);
+        }
+    }
+}
+
 /// See [`PoolStats::logging_in`].
 pub(super) struct LoginGuard<'a>(&'a PoolStats);
 
@@ -253,5 +273,39 @@ impl<'a> Waiting<'a> {
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         self.0.waiting(-1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The idle gauge's value for (db, alice), as the exporter renders it.
+    fn idle_gauge(handle: &metrics_exporter_prometheus::PrometheusHandle) -> f64 {
+        let text = handle.render();
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(crate::metrics::SERVERS_IDLE) && l.contains("user=\"alice\""))
+            .unwrap_or_else(|| panic!("no idle gauge in {text}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    }
+
+    #[test]
+    fn two_pools_sharing_labels_sum_in_the_idle_gauge() {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        let (a, b) = metrics::with_local_recorder(&recorder, || {
+            (PoolStats::new("db", "alice"), PoolStats::new("db", "alice"))
+        });
+        a.idle_servers(3);
+        b.idle_servers(2);
+        assert_eq!(idle_gauge(&handle), 5.0);
+        a.idle_servers(1);
+        b.idle_servers(2);
+        assert_eq!(idle_gauge(&handle), 3.0);
+        drop(b);
+        assert_eq!(idle_gauge(&handle), 1.0, "a pool that goes leaves the sum");
+        a.idle_servers(0);
+        assert_eq!(idle_gauge(&handle), 0.0);
     }
 }

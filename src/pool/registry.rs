@@ -539,3 +539,74 @@ fn remove_unused(map: &PoolMap, pool: &Arc<Pool>, holders: usize) -> bool {
     }
     removed
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Route;
+
+    fn route(config: &Config, dbname: String) -> ResolvedRoute {
+        Route {
+            dbname: Some(dbname),
+            ..Route::default()
+        }
+        .resolve(config, "app", "alice")
+        .unwrap()
+    }
+
+    /// Logins creating different routes at once: exactly `max_pools`
+    /// routed pools, however their checks and inserts interleave.
+    #[test]
+    fn racing_logins_of_different_routes_stay_within_max_pools() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let config = Arc::new(
+            Config::from_yaml(
+                "databases:\n  app: { host: 127.0.0.1 }\nrouting:\n  allow: { databases: [app] }\n",
+                "test.yaml",
+            )
+            .unwrap(),
+        );
+        let (threads, per_thread, max_pools) = (8, 40, 5);
+        for round in 0..5 {
+            let pools = Arc::new(Pools::new());
+            let start = Arc::new(std::sync::Barrier::new(threads));
+            let created: usize = (0..threads)
+                .map(|t| {
+                    let (pools, config, start) = (pools.clone(), config.clone(), start.clone());
+                    let runtime = runtime.handle().clone();
+                    std::thread::spawn(move || {
+                        let _runtime = runtime.enter();
+                        let routes: Vec<_> = (0..per_thread)
+                            .map(|i| route(&config, format!("db_{round}_{t}_{i}")))
+                            .collect();
+                        start.wait();
+                        routes
+                            .iter()
+                            .filter(|r| {
+                                pools
+                                    .get_or_create_routed(
+                                        &config,
+                                        r,
+                                        "alice",
+                                        &ServerTls::disabled(),
+                                        ServerCredential::None,
+                                        max_pools,
+                                    )
+                                    .is_ok()
+                            })
+                            .count()
+                    })
+                })
+                .collect::<Vec<_>>()
+                .into_iter()
+                .map(|h| h.join().unwrap())
+                .sum();
+            assert_eq!(created, max_pools, "round {round}");
+            assert_eq!(pools.all().len(), max_pools, "round {round}");
+        }
+    }
+}

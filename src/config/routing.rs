@@ -116,6 +116,23 @@ pub struct ResolvedRoute {
     /// `base@host:port/dbname`: SHOW POOLS', SERVERS' and CLIENTS'
     /// `database` value for the route's pools and clients.
     pub shown: Arc<str>,
+    /// What the route named itself, to resolve it again against a reloaded
+    /// configuration ([`ResolvedRoute::again`]).
+    pub named: Named,
+}
+
+/// What a resolved route named itself (the rest came from its base entry).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Named {
+    /// It named hosts (else they are its base entry's).
+    pub hosts: bool,
+    /// It named its dbname.
+    pub dbname: bool,
+    /// Its `port`.
+    pub port: Option<u16>,
+    /// Bit i: host i's port was named (by `port` or as `host:port`); past
+    /// 64 hosts, all were.
+    pub ports: u64,
 }
 
 /// Why a route was refused (logged; the client is told "route not allowed").
@@ -257,6 +274,18 @@ impl Route {
         database: &str,
         user: &str,
     ) -> ResolvedRoute {
+        let named = Named {
+            hosts: !self.hosts.is_empty(),
+            dbname: self.dbname.is_some(),
+            port: self.port,
+            ports: self.hosts.iter().enumerate().fold(0, |bits, (i, h)| {
+                if (self.port.is_some() || h.port.is_some()) && i < 64 {
+                    bits | 1 << i
+                } else {
+                    bits
+                }
+            }),
+        };
         let base = self.database.unwrap_or_else(|| database.to_string());
         let hosts: Vec<(String, u16)> = if self.hosts.is_empty() {
             let mut hosts = entry.server_hosts();
@@ -315,7 +344,39 @@ impl Route {
             pool_mode: self.pool_mode,
             key: key.into(),
             shown: shown.into(),
+            named,
         }
+    }
+}
+
+impl ResolvedRoute {
+    /// The route resolved again against `config` (a reload): checked
+    /// against its `routing.allow`, with what it did not name taken from
+    /// its base entry as it is now.
+    pub fn again(&self, config: &Config) -> Result<ResolvedRoute, RouteRefusal> {
+        let n = &self.named;
+        let hosts = if n.hosts {
+            self.hosts
+                .iter()
+                .enumerate()
+                .map(|(i, (host, port))| HostSpec {
+                    host: host.clone(),
+                    port: (i >= 64 || n.ports & 1 << i != 0).then_some(*port),
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let route = Route {
+            database: Some(self.base.clone()),
+            hosts,
+            port: n.port,
+            dbname: n.dbname.then(|| self.dbname.clone()),
+            user: Some(self.user.clone()),
+            pool_size: self.pool_size,
+            pool_mode: self.pool_mode,
+        };
+        route.resolve(config, &self.base, &self.user)
     }
 }
 
@@ -409,6 +470,39 @@ mod tests {
         }
         .resolve(&c, "app", "alice")
         .is_ok());
+    }
+
+    #[test]
+    fn a_route_resolved_again_takes_what_it_did_not_name_from_the_new_entry() {
+        let c = config(ALLOW);
+        let named = Route {
+            hosts: vec![host("10.1.0.7"), host("shard-a.example:5433")],
+            ..Route::default()
+        }
+        .resolve(&c, "app", "alice")
+        .unwrap();
+        let inherited = Route::default().resolve(&c, "app", "alice").unwrap();
+        let moved = Config::from_yaml(
+            &format!(
+                "databases:\n  app: {{host: 10.0.0.9, port: 6000, dbname: app_next}}\n{ALLOW}"
+            ),
+            "test.yaml",
+        )
+        .unwrap();
+        // Its own host and port stay; the port it inherited follows, and
+        // so do the servers and dbname it did not name.
+        assert_eq!(
+            &*named.again(&moved).unwrap().key,
+            "10.1.0.7:6000,shard-a.example:5433/app_next user=alice"
+        );
+        assert_eq!(
+            &*inherited.again(&moved).unwrap().key,
+            "10.0.0.9:6000/app_next user=alice"
+        );
+        assert_eq!(named.again(&c).unwrap(), named);
+        // No longer allowed: refused.
+        let tighter = config(&ALLOW.replace("10.1.0.0/16, ", ""));
+        assert!(named.again(&tighter).unwrap_err().0.contains("10.1.0.7"));
     }
 
     #[test]

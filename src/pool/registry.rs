@@ -313,13 +313,12 @@ impl Pools {
     /// becomes an auto database. Pools of a database that is gone stay for
     /// the clients they serve (an auto database's until it is unused);
     /// new clients cannot reach them.
+    /// Routed pools: [`Pools::apply_config_routed`].
     pub fn apply_config(&self, old: &Config, new: &Config, tls: &HashMap<String, ServerTls>) {
         for pool in self.all() {
             let (db, user) = (pool.database.as_str(), pool.user.as_str());
             if let Some(route) = &pool.route {
-                // A routed pool keeps its target until it is dropped
-                // (unused for autodb_idle_timeout); its limits follow.
-                pool.apply(route.limits(new, user), None);
+                self.apply_config_routed(&pool, route, old, new, tls);
                 continue;
             }
             let tls = tls.get(db).or_else(|| tls.get(FALLBACK_DATABASE));
@@ -336,6 +335,71 @@ impl Pools {
                 .then(|| target_for(new, db, user, tls, ServerCredential::None, &self.health))
                 .flatten();
             pool.apply(new.limits_for(db, user), target);
+        }
+    }
+
+    /// A routed pool after a reload: its route is resolved again against
+    /// the new configuration ([`ResolvedRoute::again`]). Still the same
+    /// target: its limits follow; its base entry's TLS, `target` or
+    /// `load_balance` changed: it reconnects with them. What it took from
+    /// its base entry (hosts, dbname) moved: it reconnects there (its
+    /// clients move with their base entry, as a listed database's do) and
+    /// leaves the registry, its key being stale: new logins of the route
+    /// make a pool under the new key. A route the configuration no longer
+    /// allows (or whose base entry is gone) leaves the registry too, its
+    /// idle connections closed: new logins cannot make it again, and its
+    /// clients finish on it.
+    fn apply_config_routed(
+        &self,
+        pool: &Arc<Pool>,
+        route: &ResolvedRoute,
+        old: &Config,
+        new: &Config,
+        tls: &HashMap<String, ServerTls>,
+    ) {
+        let user = pool.user.as_str();
+        let retire = || {
+            self.map
+                .remove_if(KeyRef::of(pool), |p| Arc::ptr_eq(p, pool))
+                .is_some()
+        };
+        let again = match route.again(new) {
+            Ok(again) => again,
+            Err(why) => {
+                if retire() {
+                    pool.close_idle();
+                }
+                tracing::warn!(db = %route.base, user, route = %route.key, reason = %why, "reload: route no longer allowed; its pool serves its clients and takes no new ones");
+                return;
+            }
+        };
+        let limits = again.limits(new, user);
+        let base_changed = match (
+            old.listed_database(&route.base),
+            new.listed_database(&route.base),
+        ) {
+            (Some(b), Some(a)) => {
+                b.tls != a.tls
+                    || b.tls_ca != a.tls_ca
+                    || b.target != a.target
+                    || b.load_balance != a.load_balance
+            }
+            _ => true,
+        };
+        let moved = again.key != route.key;
+        if !moved && !base_changed {
+            pool.apply(limits, None);
+            return;
+        }
+        let Some(tls) = tls.get(&route.base) else {
+            pool.apply(limits, None);
+            return;
+        };
+        let target = routed_target(new, &again, tls, ServerCredential::None, &self.health);
+        pool.apply(limits, Some(target));
+        if moved {
+            retire();
+            tracing::info!(db = %route.base, user, from = %route.key, to = %again.key, "reload: routed pool follows its base entry");
         }
     }
 

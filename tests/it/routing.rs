@@ -565,3 +565,64 @@ async fn a_route_to_another_role_passes_scram_through_when_the_secret_is_the_cli
         "{db:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_moves_routed_pools_with_their_base_entry_or_retires_them() {
+    let (a, b) = (PgCluster::shared(), shard_b());
+    let db = "routing_reload";
+    create_shard_database(a, db);
+    create_shard_database(b, db);
+    // The route names only its dbname: its servers are the base entry's.
+    let hooks = tempfile::tempdir().unwrap();
+    std::fs::write(
+        hooks.path().join("10-route.lua"),
+        format!("function client_connection(ctx)\n  ctx:route{{ dbname = \"{db}\" }}\nend\n"),
+    )
+    .unwrap();
+    let yaml = |port: u16, allowed: &str| {
+        format!(
+            "listen: 127.0.0.1:0\n\
+             pool_mode: transaction\n\
+             hooks: {{ dir: {} }}\n\
+             databases:\n  app: {{ host: 127.0.0.1, port: {port} }}\n  other: {{ host: 127.0.0.1, port: {port} }}\n\
+             users:\n  alice: {{ password: {ALICE_PASSWORD} }}\n  admin: {{ password: admin-pw }}\n\
+             admin: {{ users: [admin] }}\n\
+             routing:\n  allow: {{ databases: [{allowed}] }}\n",
+            hooks.path().display()
+        )
+    };
+    let usher = Usher::start_yaml(&yaml(a.port, "app")).await;
+    let c = usher.alice().await;
+    assert_eq!(server_port(&c).await.unwrap(), i32::from(a.port));
+
+    // app moves to shard B: the open session's next transaction runs
+    // there (its pool follows its base entry), and so does a new one's.
+    usher.rewrite_config(&yaml(b.port, "app"));
+    console(&usher, "RELOAD").await;
+    assert_eq!(
+        server_port(&c).await.unwrap(),
+        i32::from(b.port),
+        "the routed pool moved with app"
+    );
+    let fresh = usher.alice().await;
+    assert_eq!(server_port(&fresh).await.unwrap(), i32::from(b.port));
+    let (_, pools) = console_table(&usher, "SHOW POOLS").await;
+    let on = |port: u16| format!("app@127.0.0.1:{port}/{db}");
+    assert!(
+        !pools.iter().any(|r| r[0] == on(a.port)),
+        "no pool is left under the old route: {pools:?}"
+    );
+    assert!(pools.iter().any(|r| r[0] == on(b.port)), "{pools:?}");
+
+    // app is no longer a base routes may use: new logins are refused, the
+    // open sessions finish on their pool, which SHOW POOLS no longer lists.
+    usher.rewrite_config(&yaml(b.port, "other"));
+    console(&usher, "RELOAD").await;
+    let Err(e) = usher.connect_as("alice", ALICE_PASSWORD).await else {
+        panic!("a route no longer allowed was let in")
+    };
+    assert_eq!(sqlstate(&e).as_deref(), Some("28000"), "{e:?}");
+    assert_eq!(server_port(&fresh).await.unwrap(), i32::from(b.port));
+    let (_, pools) = console_table(&usher, "SHOW POOLS").await;
+    assert!(!pools.iter().any(|r| r[0].starts_with("app@")), "{pools:?}");
+}

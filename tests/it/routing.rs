@@ -5,7 +5,8 @@
 //! with the shards' ports written in. The clients authenticate as
 //! `alice.tenant<N>` against their own `users:` entries (alice's
 //! password); the route logs them in to the shard as alice, whose
-//! password usher has from its `users:` entry.
+//! password usher has from its `users:` entry. Shard B has SSL on once a
+//! test asks for it (`shard_b_tls`); the other tests do not mind.
 
 use crate::common::console::{console, console_table, get, Row};
 use crate::common::wait::{wait_for_async, DEADLINE};
@@ -625,4 +626,81 @@ async fn a_reload_moves_routed_pools_with_their_base_entry_or_retires_them() {
     assert_eq!(server_port(&fresh).await.unwrap(), i32::from(b.port));
     let (_, pools) = console_table(&usher, "SHOW POOLS").await;
     assert!(!pools.iter().any(|r| r[0].starts_with("app@")), "{pools:?}");
+}
+
+/// Shard B with SSL on (its certificate names only `localhost`), once, and
+/// the file of the CA that signed it.
+fn shard_b_tls() -> &'static std::path::PathBuf {
+    use crate::common::tls::{write_file, TestCa};
+    static CA: std::sync::OnceLock<(tempfile::TempDir, std::path::PathBuf)> =
+        std::sync::OnceLock::new();
+    &CA.get_or_init(|| {
+        let ca = TestCa::new("routing test CA");
+        shard_b().enable_tls(&ca.server(&["localhost"]));
+        let dir = tempfile::tempdir().unwrap();
+        let file = write_file(dir.path(), "ca.pem", &ca.cert_pem);
+        (dir, file)
+    })
+    .1
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_routed_pool_uses_tls_as_its_base_entry_says() {
+    let (a, b) = (PgCluster::shared(), shard_b());
+    let ca = shard_b_tls();
+    let db = "routing_tls";
+    create_shard_database(b, db);
+    // alice.name routes to shard B by the name its certificate has,
+    // alice.ip by address; the base entry says verify-full.
+    let hooks = tempfile::tempdir().unwrap();
+    std::fs::write(
+        hooks.path().join("10-route.lua"),
+        format!(
+            "function client_connection(ctx)\n  local how = ctx.user:match('%.(%a+)$')\n  \
+             ctx:route{{ host = how == 'name' and 'localhost' or '127.0.0.1', port = {}, dbname = '{db}', user = 'alice' }}\nend\n",
+            b.port
+        ),
+    )
+    .unwrap();
+    let usher = Usher::start_yaml(&format!(
+        "listen: 127.0.0.1:0\n\
+         pool_mode: transaction\n\
+         hooks: {{ dir: {} }}\n\
+         databases:\n  app: {{ host: 127.0.0.1, port: {}, tls: verify-full, tls_ca: {} }}\n\
+         users:\n  alice: {{ password: {ALICE_PASSWORD} }}\n  alice.name: {{ password: {ALICE_PASSWORD} }}\n  alice.ip: {{ password: {ALICE_PASSWORD} }}\n\
+         routing:\n  allow: {{ hosts: [127.0.0.1, localhost], ports: [{}], databases: [app] }}\n",
+        hooks.path().display(),
+        a.port,
+        ca.display(),
+        b.port
+    ))
+    .await;
+    let ssl = |user: &'static str| {
+        let usher = &usher;
+        async move {
+            let c = usher.connect_as(user, ALICE_PASSWORD).await?;
+            let row = c
+                .query_one(
+                    "SELECT ssl, inet_server_port() FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+                    &[],
+                )
+                .await?;
+            Ok::<_, tokio_postgres::Error>((row.get::<_, bool>(0), row.get::<_, i32>(1)))
+        }
+    };
+    assert_eq!(
+        ssl("alice.name").await.expect("verify-full to localhost"),
+        (true, i32::from(b.port)),
+        "the routed session is on shard B over TLS"
+    );
+    // verify-full checks the route's host against the certificate.
+    let e = ssl("alice.ip")
+        .await
+        .expect_err("127.0.0.1 is not the certificate's name");
+    assert_eq!(sqlstate(&e).as_deref(), Some("08006"), "{e:?}");
+    assert!(
+        e.as_db_error()
+            .is_some_and(|d| d.message().contains("certificate")),
+        "{e:?}"
+    );
 }

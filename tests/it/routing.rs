@@ -264,7 +264,8 @@ async fn moving_a_tenant_in_the_routing_table_sends_new_sessions_to_its_new_shar
          pool_mode: transaction\n\
          hooks: {{ dir: {}, timeout_ms: 10000, query: {{ database: app, user: alice, timeout_ms: 10000 }} }}\n\
          databases:\n  app: {{ host: 127.0.0.1, port: {}, dbname: {db} }}\n\
-         users:\n  alice: {{ password: {ALICE_PASSWORD} }}\n  alice.acme: {{ password: {ALICE_PASSWORD} }}\n  alice.globex: {{ password: {ALICE_PASSWORD} }}\n  alice.initech: {{ password: {ALICE_PASSWORD} }}\n\
+         users:\n  alice: {{ password: {ALICE_PASSWORD} }}\n  alice.acme: {{ password: {ALICE_PASSWORD} }}\n  alice.globex: {{ password: {ALICE_PASSWORD} }}\n  alice.initech: {{ password: {ALICE_PASSWORD} }}\n  admin: {{ password: admin-pw }}\n\
+         admin: {{ users: [admin] }}\n\
          routing:\n  allow: {{ hosts: [127.0.0.1], ports: [{}, {}], databases: [app] }}\n",
         hooks.path().display(),
         a.port,
@@ -289,7 +290,10 @@ async fn moving_a_tenant_in_the_routing_table_sends_new_sessions_to_its_new_shar
     );
 
     // acme moves to shard B: new sessions go there once the cached row
-    // expires; the session already open goes on on shard A, with no error.
+    // expires; the session already open goes on on shard A, with no error,
+    // here in the middle of a transaction.
+    acme.batch_execute("BEGIN").await.unwrap();
+    let in_transaction = backend_pid(&acme).await;
     a.psql_super_db(
         db,
         &format!(
@@ -308,6 +312,20 @@ async fn moving_a_tenant_in_the_routing_table_sends_new_sessions_to_its_new_shar
     for _ in 0..3 {
         assert_eq!(server_port(&acme).await.unwrap(), i32::from(a.port));
     }
+    // RECONNECT app, as the recipe says, while that transaction is open:
+    // it finishes on its connection, which is closed when it comes back;
+    // the session goes on on shard A (its route's pool), with no error.
+    crate::common::console::console(&usher, "RECONNECT app").await;
+    assert_eq!(backend_pid(&acme).await, in_transaction);
+    acme.batch_execute("COMMIT").await.unwrap();
+    assert_ne!(
+        backend_pid(&acme).await,
+        in_transaction,
+        "RECONNECT app replaced the routed pool's connection"
+    );
+    assert_eq!(server_port(&acme).await.unwrap(), i32::from(a.port));
+    let c = connect("alice.acme").await.unwrap();
+    assert_eq!(server_port(&c).await.unwrap(), i32::from(b.port));
 }
 
 #[test]

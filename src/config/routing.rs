@@ -10,7 +10,7 @@
 //! name route by that name. Without a `routing` section every route is
 //! refused, so a hook bug never sends credentials anywhere unexpected.
 
-use super::{Config, ConfigIssue, HostSpec, PoolMode};
+use super::{Config, ConfigIssue, DatabaseConfig, HostSpec, PoolMode};
 use ipnet::IpNet;
 use serde::Deserialize;
 use std::net::IpAddr;
@@ -40,15 +40,48 @@ impl Default for RoutingConfig {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RoutingAllow {
-    /// Host names, addresses or CIDRs a route may name.
+    /// Host names, addresses or CIDRs a route may name (parsed once, as
+    /// the configuration loads: logins only compare).
     #[serde(default)]
-    pub hosts: Vec<String>,
+    pub hosts: Vec<HostRule>,
     /// Ports a route may name.
     #[serde(default)]
     pub ports: Vec<u16>,
     /// Keys of `databases` a route may use as its base.
     #[serde(default)]
     pub databases: Vec<String>,
+}
+
+/// One rule of `routing.allow.hosts`: a network, an address, or a host
+/// name (kept in lower case).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub enum HostRule {
+    Net(IpNet),
+    Addr(IpAddr),
+    Name(String),
+}
+
+impl TryFrom<String> for HostRule {
+    type Error = String;
+
+    fn try_from(rule: String) -> Result<Self, String> {
+        if let Ok(net) = rule.parse::<IpNet>() {
+            return Ok(HostRule::Net(net));
+        }
+        if let Ok(addr) = rule.parse::<IpAddr>() {
+            return Ok(HostRule::Addr(addr));
+        }
+        if rule.is_empty()
+            || rule.contains('/')
+            || rule.chars().any(|c| c.is_whitespace() || c == ',')
+        {
+            return Err(format!(
+                "expected a host name, an address or a CIDR, got `{rule}`"
+            ));
+        }
+        Ok(HostRule::Name(rule.to_ascii_lowercase()))
+    }
 }
 
 /// What a hook asked for with `ctx:route{...}`, unchecked.
@@ -83,6 +116,23 @@ pub struct ResolvedRoute {
     /// `base@host:port/dbname`: SHOW POOLS', SERVERS' and CLIENTS'
     /// `database` value for the route's pools and clients.
     pub shown: Arc<str>,
+    /// What the route named itself, to resolve it again against a reloaded
+    /// configuration ([`ResolvedRoute::again`]).
+    pub named: Named,
+}
+
+/// What a resolved route named itself (the rest came from its base entry).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Named {
+    /// It named hosts (else they are its base entry's).
+    pub hosts: bool,
+    /// It named its dbname.
+    pub dbname: bool,
+    /// Its `port`.
+    pub port: Option<u16>,
+    /// Bit i: host i's port was named (by `port` or as `host:port`); past
+    /// 64 hosts, all were.
+    pub ports: u64,
 }
 
 /// Why a route was refused (logged; the client is told "route not allowed").
@@ -99,15 +149,12 @@ impl RoutingAllow {
     /// Whether a route may name `host` (a name, or an address).
     pub fn allows_host(&self, host: &str) -> bool {
         let ip: Option<IpAddr> = host.parse().ok();
-        self.hosts
-            .iter()
-            .any(|rule| match (rule.parse::<IpNet>(), ip) {
-                (Ok(net), Some(ip)) => net.contains(&ip),
-                _ => match (rule.parse::<IpAddr>(), ip) {
-                    (Ok(a), Some(ip)) => a == ip,
-                    _ => rule.eq_ignore_ascii_case(host),
-                },
-            })
+        self.hosts.iter().any(|rule| match (rule, ip) {
+            (HostRule::Net(net), Some(ip)) => net.contains(&ip),
+            (HostRule::Addr(a), Some(ip)) => *a == ip,
+            (HostRule::Name(name), None) => name.eq_ignore_ascii_case(host),
+            _ => false,
+        })
     }
 
     pub fn allows_port(&self, port: u16) -> bool {
@@ -121,19 +168,6 @@ impl RoutingAllow {
 
 impl RoutingConfig {
     pub(super) fn validate(&self, config: &Config) -> Result<(), ConfigIssue> {
-        for rule in &self.allow.hosts {
-            let ok = rule.parse::<IpNet>().is_ok()
-                || rule.parse::<IpAddr>().is_ok()
-                || (!rule.is_empty()
-                    && !rule.contains('/')
-                    && !rule.chars().any(|c| c.is_whitespace() || c == ','));
-            if !ok {
-                return Err(ConfigIssue::new(
-                    "routing.allow.hosts",
-                    format!("expected a host name, an address or a CIDR, got `{rule}`"),
-                ));
-            }
-        }
         if self.allow.ports.contains(&0) {
             return Err(ConfigIssue::new(
                 "routing.allow.ports",
@@ -186,6 +220,17 @@ impl Route {
         database: &str,
         user: &str,
     ) -> Result<ResolvedRoute, RouteRefusal> {
+        let entry = self.check(config, database)?;
+        Ok(self.clone().into_resolved(entry, database, user))
+    }
+
+    /// The route checked against `routing.allow`: its base entry if allowed.
+    /// `database` is the client's.
+    pub fn check<'c>(
+        &self,
+        config: &'c Config,
+        database: &str,
+    ) -> Result<&'c DatabaseConfig, RouteRefusal> {
         let refuse = |why: String| Err(RouteRefusal(why));
         let Some(routing) = &config.routing else {
             return refuse("no `routing` section in the configuration".into());
@@ -216,6 +261,32 @@ impl Route {
                 return refuse(format!("port {port} is not in routing.allow.ports"));
             }
         }
+        Ok(entry)
+    }
+
+    /// The route, checked ([`Route::check`] gave `entry`), resolved against
+    /// its base entry: what it leaves out is the entry's, its host names in
+    /// lower case, and its key and SHOW's text written. Takes the route so
+    /// that its texts are moved, not copied: this runs at every routed login.
+    pub fn into_resolved(
+        self,
+        entry: &DatabaseConfig,
+        database: &str,
+        user: &str,
+    ) -> ResolvedRoute {
+        let named = Named {
+            hosts: !self.hosts.is_empty(),
+            dbname: self.dbname.is_some(),
+            port: self.port,
+            ports: self.hosts.iter().enumerate().fold(0, |bits, (i, h)| {
+                if (self.port.is_some() || h.port.is_some()) && i < 64 {
+                    bits | 1 << i
+                } else {
+                    bits
+                }
+            }),
+        };
+        let base = self.database.unwrap_or_else(|| database.to_string());
         let hosts: Vec<(String, u16)> = if self.hosts.is_empty() {
             let mut hosts = entry.server_hosts();
             if let Some(p) = self.port {
@@ -225,37 +296,47 @@ impl Route {
         } else {
             let port = self.port.unwrap_or(entry.port);
             self.hosts
-                .iter()
-                .map(|h| (h.host.to_ascii_lowercase(), h.port.unwrap_or(port)))
+                .into_iter()
+                .map(|h| {
+                    let mut host = h.host;
+                    host.make_ascii_lowercase();
+                    (host, h.port.unwrap_or(port))
+                })
                 .collect()
         };
         let dbname = self
             .dbname
-            .clone()
-            .unwrap_or_else(|| entry.server_dbname(base).to_string());
-        let user = self.user.clone().unwrap_or_else(|| user.to_string());
-        let mut key = String::new();
+            .unwrap_or_else(|| entry.server_dbname(&base).to_string());
+        let user = self.user.unwrap_or_else(|| user.to_string());
+        // Written in place (no format! per part).
+        use std::fmt::Write;
+        let mut key = String::with_capacity(64);
         for (i, (h, p)) in hosts.iter().enumerate() {
             if i > 0 {
                 key.push(',');
             }
             if h.contains(':') {
-                key.push_str(&format!("[{h}]:{p}"));
+                let _ = write!(key, "[{h}]:{p}");
             } else {
-                key.push_str(&format!("{h}:{p}"));
+                let _ = write!(key, "{h}:{p}");
             }
         }
-        key.push_str(&format!("/{dbname}"));
-        let shown = format!("{base}@{key}");
-        key.push_str(&format!(" user={user}"));
+        key.push('/');
+        key.push_str(&dbname);
+        let mut shown = String::with_capacity(base.len() + 1 + key.len());
+        shown.push_str(&base);
+        shown.push('@');
+        shown.push_str(&key);
+        key.push_str(" user=");
+        key.push_str(&user);
         if let Some(n) = self.pool_size {
-            key.push_str(&format!(" pool_size={n}"));
+            let _ = write!(key, " pool_size={n}");
         }
         if let Some(m) = self.pool_mode {
-            key.push_str(&format!(" pool_mode={m}"));
+            let _ = write!(key, " pool_mode={m}");
         }
-        Ok(ResolvedRoute {
-            base: base.to_string(),
+        ResolvedRoute {
+            base,
             hosts,
             dbname,
             user,
@@ -263,7 +344,39 @@ impl Route {
             pool_mode: self.pool_mode,
             key: key.into(),
             shown: shown.into(),
-        })
+            named,
+        }
+    }
+}
+
+impl ResolvedRoute {
+    /// The route resolved again against `config` (a reload): checked
+    /// against its `routing.allow`, with what it did not name taken from
+    /// its base entry as it is now.
+    pub fn again(&self, config: &Config) -> Result<ResolvedRoute, RouteRefusal> {
+        let n = &self.named;
+        let hosts = if n.hosts {
+            self.hosts
+                .iter()
+                .enumerate()
+                .map(|(i, (host, port))| HostSpec {
+                    host: host.clone(),
+                    port: (i >= 64 || n.ports & 1 << i != 0).then_some(*port),
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let route = Route {
+            database: Some(self.base.clone()),
+            hosts,
+            port: n.port,
+            dbname: n.dbname.then(|| self.dbname.clone()),
+            user: Some(self.user.clone()),
+            pool_size: self.pool_size,
+            pool_mode: self.pool_mode,
+        };
+        route.resolve(config, &self.base, &self.user)
     }
 }
 
@@ -357,6 +470,39 @@ mod tests {
         }
         .resolve(&c, "app", "alice")
         .is_ok());
+    }
+
+    #[test]
+    fn a_route_resolved_again_takes_what_it_did_not_name_from_the_new_entry() {
+        let c = config(ALLOW);
+        let named = Route {
+            hosts: vec![host("10.1.0.7"), host("shard-a.example:5433")],
+            ..Route::default()
+        }
+        .resolve(&c, "app", "alice")
+        .unwrap();
+        let inherited = Route::default().resolve(&c, "app", "alice").unwrap();
+        let moved = Config::from_yaml(
+            &format!(
+                "databases:\n  app: {{host: 10.0.0.9, port: 6000, dbname: app_next}}\n{ALLOW}"
+            ),
+            "test.yaml",
+        )
+        .unwrap();
+        // Its own host and port stay; the port it inherited follows, and
+        // so do the servers and dbname it did not name.
+        assert_eq!(
+            &*named.again(&moved).unwrap().key,
+            "10.1.0.7:6000,shard-a.example:5433/app_next user=alice"
+        );
+        assert_eq!(
+            &*inherited.again(&moved).unwrap().key,
+            "10.0.0.9:6000/app_next user=alice"
+        );
+        assert_eq!(named.again(&c).unwrap(), named);
+        // No longer allowed: refused.
+        let tighter = config(&ALLOW.replace("10.1.0.0/16, ", ""));
+        assert!(named.again(&tighter).unwrap_err().0.contains("10.1.0.7"));
     }
 
     #[test]

@@ -338,41 +338,21 @@ async fn login<'a>(
             deps.clients.register(facts),
         ))));
     }
-    let unknown_database = || {
+    let unknown_database = |name: &str| {
         PgError::fatal(
             sqlstate::INVALID_CATALOG_NAME,
-            format!("database \"{}\" does not exist", shown_name(&database)),
+            format!("database \"{}\" does not exist", shown_name(name)),
         )
     };
     // A listed database's entry, else the fallback entry's ("*"): then
-    // the server says whether it has the database.
+    // the server says whether it has the database. Its pool is taken after
+    // the client_connection hooks, which may route the client elsewhere.
     let server_tls = snapshot
         .server_tls_for(&database)
-        .ok_or_else(unknown_database)?;
-    let credential = server_credential(lookup.secret.as_ref(), &authenticated);
-    let pool = deps
-        .pools
-        .get_or_create(config, &database, &user, server_tls, credential)
-        .ok_or_else(unknown_database)?;
-    // Given back if the login fails from here on (a database the server
-    // does not have leaves no auto database's pool behind).
-    let mut pool = PoolClaim {
-        pools: &deps.pools,
-        pool: Some(pool),
-    };
-    let client_place = {
-        let limits = pool.settings();
-        let (db_limit, user_limit) = (
-            limits.max_db_client_connections,
-            limits.max_user_client_connections,
-        );
-        pool.caps
-            .client(db_limit, user_limit)
-            .map_err(|which| client_capped(which, &database, &user, db_limit, user_limit))?
-    };
+        .ok_or_else(|| unknown_database(&database))?;
+    let pool_mode = config.pool_mode_for(&database, &user);
     let mut session_params = SessionParams::from_startup(&params)?;
     let mut registration = deps.clients.register(facts);
-    registration.keep_place(client_place);
     let mut client = ClientInfo {
         id: registration.handle.pid(),
         application_name,
@@ -382,13 +362,14 @@ async fn login<'a>(
         addr,
         tls: tls.map(Box::new),
         auth_method: method.as_str(),
-        pool_mode: pool.mode(),
+        pool_mode,
     };
 
     // client_connection hooks: before the client is told it is in, and
     // before any server connection is used for it.
     let mut vars = Vars::new();
     let mut notices = Vec::new();
+    let mut route = None;
     if deps.hooks.handles(Event::ClientConnection) {
         let mut ctx = ConnectionCtx {
             client: &client,
@@ -399,7 +380,7 @@ async fn login<'a>(
             route: None,
         };
         deps.hooks.client_connection(&mut ctx).await;
-        let route = ctx.route.take();
+        route = ctx.route.take();
         if let Some(r) = ctx.reject {
             tracing::info!(user = %client.user, database = %client.database, addr = %addr, hook = %r.hook, sqlstate = %r.sqlstate, "client rejected by hook");
             deps.client_rejected(&client.user, progress.user_exists, addr.host());
@@ -410,40 +391,59 @@ async fn login<'a>(
         }
         session_params.add_startup(ctx.params);
         notices = ctx.notices;
-        if let Some((route, hook)) = route {
+    }
+    // The pool: the routed one, else the database asked for (whose pool a
+    // routed login never creates, nor holds). Given back if the login
+    // fails from here on (a database the server does not have leaves no
+    // auto database's pool behind).
+    let pool = match route {
+        Some((route, hook)) => {
             let to = RouteTo {
-                route: &route,
+                route,
                 hook: &hook,
                 client_secret: lookup.secret.as_ref(),
                 authenticated: &authenticated,
             };
-            let routed = match routed_pool(deps, snapshot, &client, to).await {
+            match routed_pool(deps, snapshot, &client, to).await {
                 Ok(p) => p,
                 Err(e) => {
                     deps.client_rejected(&client.user, progress.user_exists, addr.host());
                     return Err(e);
                 }
-            };
-            if routed.database != pool.database {
-                // The client counts under its base database's caps.
-                let limits = routed.settings();
-                let (db_limit, user_limit) = (
-                    limits.max_db_client_connections,
-                    limits.max_user_client_connections,
-                );
-                let place = routed.caps.client(db_limit, user_limit).map_err(|which| {
-                    client_capped(which, &routed.database, &client.user, db_limit, user_limit)
-                })?;
-                registration.keep_place(place);
             }
-            client.pool_mode = routed.mode();
-            if let Some(route) = &routed.route {
-                registration.routed(route.shown.clone());
-            }
-            // The startup database's pool is given back (removed if this
-            // login made it and nobody used it).
-            std::mem::replace(&mut pool, routed).routed_away();
         }
+        None => {
+            let credential = server_credential(lookup.secret.as_ref(), &authenticated);
+            let pool = deps
+                .pools
+                .get_or_create(
+                    config,
+                    &client.database,
+                    &client.user,
+                    server_tls,
+                    credential,
+                )
+                .ok_or_else(|| unknown_database(&client.database))?;
+            PoolClaim {
+                pools: &deps.pools,
+                pool: Some(pool),
+            }
+        }
+    };
+    // The client counts under its pool's database's (a route's base
+    // entry's) and user's client caps.
+    let limits = pool.settings();
+    let (db_limit, user_limit) = (
+        limits.max_db_client_connections,
+        limits.max_user_client_connections,
+    );
+    let place = pool.caps.client(db_limit, user_limit).map_err(|which| {
+        client_capped(which, &pool.database, &client.user, db_limit, user_limit)
+    })?;
+    registration.keep_place(place);
+    client.pool_mode = pool.mode();
+    if let Some(route) = &pool.route {
+        registration.routed(route.shown.clone());
     }
 
     Ok(Some(Step::Welcome(Box::new(Welcome {
@@ -459,7 +459,7 @@ async fn login<'a>(
 /// What a client_connection hook's `ctx:route{...}` asked, and what the
 /// login knows of the client's secret.
 struct RouteTo<'r> {
-    route: &'r crate::config::Route,
+    route: crate::config::Route,
     hook: &'r str,
     client_secret: Option<&'r Secret>,
     authenticated: &'r Authenticated,
@@ -478,21 +478,24 @@ async fn routed_pool<'a>(
     to: RouteTo<'_>,
 ) -> Result<PoolClaim<'a>, PgError> {
     let config = &snapshot.config;
-    let not_allowed = |why: &dyn std::fmt::Display| {
-        tracing::warn!(hook = %to.hook, user = %client.user, database = %client.database, target = ?to.route, reason = %why, "route not allowed");
-        crate::metrics::route_refused(to.hook);
+    let hook = to.hook;
+    let not_allowed = |target: &dyn std::fmt::Debug, why: &dyn std::fmt::Display| {
+        tracing::warn!(hook = %hook, user = %client.user, database = %client.database, target = ?target, reason = %why, "route not allowed");
+        crate::metrics::route_refused(hook);
         let mut e = PgError::fatal(sqlstate::INVALID_AUTHORIZATION, "route not allowed");
         e.hint = Some("see usher's log (routing.allow)".into());
         e
     };
+    let entry = to
+        .route
+        .check(config, &client.database)
+        .map_err(|why| not_allowed(&to.route, &why))?;
     let resolved = to
         .route
-        .resolve(config, &client.database, &client.user)
-        .map_err(|why| not_allowed(&why))?;
-    let resolved = Arc::new(resolved);
+        .into_resolved(entry, &client.database, &client.user);
     let tls = snapshot
         .server_tls_for(&resolved.base)
-        .ok_or_else(|| not_allowed(&"the base entry has no TLS settings"))?;
+        .ok_or_else(|| not_allowed(&resolved, &"the base entry has no TLS settings"))?;
     let credential = if resolved.user == *client.user {
         server_credential(to.client_secret, to.authenticated)
     } else {
@@ -724,13 +727,6 @@ struct PoolClaim<'a> {
 impl PoolClaim<'_> {
     fn keep(mut self) -> Arc<Pool> {
         self.pool.take().expect("a claim is kept once")
-    }
-
-    /// A hook routed the login to another pool: this one goes back.
-    fn routed_away(mut self) {
-        if let Some(pool) = self.pool.take() {
-            self.pools.give_back_routed_away(pool);
-        }
     }
 }
 

@@ -15,9 +15,6 @@ pub struct PoolStats {
     /// Clients that logged in to this pool (an auto database's pool is
     /// in use while this moves; see `registry::spawn_maintenance`).
     pub logins: AtomicU64,
-    /// Of those, logins a hook routed to another pool (see
-    /// `Pools::give_back_routed_away`).
-    pub routed_away: AtomicU64,
     pub checkouts: AtomicU64,
     pub transactions: AtomicU64,
     pub waiting: AtomicUsize,
@@ -39,6 +36,9 @@ pub struct PoolStats {
     /// Pin slots held: server connections pinned to their client
     /// (transaction mode), or about to be.
     pub pinned: AtomicUsize,
+    /// Idle server connections, as last told to the idle gauge (whose
+    /// series two pools may share: see [`PoolStats::idle_servers`]).
+    idle_now: AtomicUsize,
 }
 
 /// The Prometheus side of [`PoolStats`].
@@ -84,7 +84,6 @@ impl PoolStats {
             },
             server_connects: AtomicU64::new(0),
             logins: AtomicU64::new(0),
-            routed_away: AtomicU64::new(0),
             checkouts: AtomicU64::new(0),
             transactions: AtomicU64::new(0),
             waiting: AtomicUsize::new(0),
@@ -97,6 +96,7 @@ impl PoolStats {
             clients_active: AtomicUsize::new(0),
             servers_login: AtomicUsize::new(0),
             pinned: AtomicUsize::new(0),
+            idle_now: AtomicUsize::new(0),
         }
     }
 
@@ -152,9 +152,16 @@ impl PoolStats {
             .fetch_add(wait.as_micros() as u64, Ordering::Relaxed);
     }
 
-    /// Idle server connections in the pool now.
+    /// Idle server connections in the pool now (called as its idle lists
+    /// change; of two calls at once on two shards the later swap stands
+    /// until the next). The gauge moves by the change: pools of one base
+    /// database and user on two routes share its series (the labels are
+    /// the base's), which then holds their sum, not the last one's count.
     pub(super) fn idle_servers(&self, n: usize) {
-        self.metrics.idle.set(n as f64);
+        let before = self.idle_now.swap(n, Ordering::Relaxed);
+        if n != before {
+            self.metrics.idle.increment(n as f64 - before as f64);
+        }
     }
 
     pub(super) fn connected(&self) {
@@ -214,6 +221,16 @@ impl PoolStats {
     }
 }
 
+impl Drop for PoolStats {
+    /// A pool that goes takes its idle connections out of the shared series.
+    fn drop(&mut self) {
+        let idle = *self.idle_now.get_mut();
+        if idle > 0 {
+            self.metrics.idle.decrement(idle as f64);
+        }
+    }
+}
+
 /// See [`PoolStats::logging_in`].
 pub(super) struct LoginGuard<'a>(&'a PoolStats);
 
@@ -257,5 +274,39 @@ impl<'a> Waiting<'a> {
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         self.0.waiting(-1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The idle gauge's value for (db, alice), as the exporter renders it.
+    fn idle_gauge(handle: &metrics_exporter_prometheus::PrometheusHandle) -> f64 {
+        let text = handle.render();
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(crate::metrics::SERVERS_IDLE) && l.contains("user=\"alice\""))
+            .unwrap_or_else(|| panic!("no idle gauge in {text}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    }
+
+    #[test]
+    fn two_pools_sharing_labels_sum_in_the_idle_gauge() {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        let (a, b) = metrics::with_local_recorder(&recorder, || {
+            (PoolStats::new("db", "alice"), PoolStats::new("db", "alice"))
+        });
+        a.idle_servers(3);
+        b.idle_servers(2);
+        assert_eq!(idle_gauge(&handle), 5.0);
+        a.idle_servers(1);
+        b.idle_servers(2);
+        assert_eq!(idle_gauge(&handle), 3.0);
+        drop(b);
+        assert_eq!(idle_gauge(&handle), 1.0, "a pool that goes leaves the sum");
+        a.idle_servers(0);
+        assert_eq!(idle_gauge(&handle), 0.0);
     }
 }

@@ -18,14 +18,108 @@ use crate::tls::ServerTls;
 use dashmap::DashMap;
 use parking_lot::Mutex;
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 /// (database, user, route): a routed pool's database is its base entry's
 /// key, and its route the normalised target (`ResolvedRoute::key`).
-type PoolKey = (String, String, Option<Arc<str>>);
-type PoolMap = DashMap<PoolKey, Arc<Pool>>;
+/// Looked up by [`KeyRef`], so that a login's lookup copies no name.
+#[derive(Debug, Clone)]
+struct PoolKey(String, String, Option<Arc<str>>);
+
+/// A pool's key, borrowed.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct KeyRef<'a>(&'a str, &'a str, Option<&'a str>);
+
+/// What [`PoolKey`] and [`KeyRef`] hash and compare alike by.
+trait KeyParts {
+    fn parts(&self) -> KeyRef<'_>;
+}
+
+impl KeyParts for PoolKey {
+    fn parts(&self) -> KeyRef<'_> {
+        KeyRef(&self.0, &self.1, self.2.as_deref())
+    }
+}
+
+impl KeyParts for KeyRef<'_> {
+    fn parts(&self) -> KeyRef<'_> {
+        *self
+    }
+}
+
+impl<'a> std::borrow::Borrow<dyn KeyParts + 'a> for PoolKey {
+    fn borrow(&self) -> &(dyn KeyParts + 'a) {
+        self
+    }
+}
+
+impl std::hash::Hash for dyn KeyParts + '_ {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.parts().hash(state)
+    }
+}
+
+impl PartialEq for dyn KeyParts + '_ {
+    fn eq(&self, other: &Self) -> bool {
+        self.parts() == other.parts()
+    }
+}
+
+impl Eq for dyn KeyParts + '_ {}
+
+impl std::hash::Hash for PoolKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.parts().hash(state)
+    }
+}
+
+impl PartialEq for PoolKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.parts() == other.parts()
+    }
+}
+
+impl Eq for PoolKey {}
+
+impl<'a> KeyRef<'a> {
+    fn of(pool: &'a Pool) -> KeyRef<'a> {
+        KeyRef(
+            &pool.database,
+            &pool.user,
+            pool.route.as_deref().map(|r| &*r.key),
+        )
+    }
+}
+
+/// The pools by key, and how many of them are routed (`routing.max_pools`
+/// counts them: a place is taken before a routed pool is inserted and
+/// given back when one is removed, so logins creating different routes
+/// at once cannot pass it).
+#[derive(Debug, Default)]
+struct PoolMap {
+    pools: DashMap<PoolKey, Arc<Pool>>,
+    routed: AtomicUsize,
+}
+
+impl PoolMap {
+    /// Removes the entry of `key` if `remove` says so (under the
+    /// entry's lock), giving back a routed pool's place.
+    fn remove_if(
+        &self,
+        key: KeyRef<'_>,
+        remove: impl FnOnce(&Arc<Pool>) -> bool,
+    ) -> Option<Arc<Pool>> {
+        let (_, pool) = self
+            .pools
+            .remove_if(&key as &dyn KeyParts, |_, p| remove(p))?;
+        if pool.route.is_some() {
+            self.routed.fetch_sub(1, Ordering::AcqRel);
+        }
+        Some(pool)
+    }
+}
 
 /// A routed pool was refused: `routing.max_pools` are in use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,8 +171,11 @@ impl Pools {
         tls: &ServerTls,
         credential: ServerCredential,
     ) -> Option<Arc<Pool>> {
-        let key = (database.to_string(), user.to_string(), None);
-        if let Some(p) = self.map.get(&key) {
+        if let Some(p) = self
+            .map
+            .pools
+            .get(&KeyRef(database, user, None) as &dyn KeyParts)
+        {
             p.stats.logins.fetch_add(1, Ordering::Relaxed);
             p.offer_credential(credential);
             return Some(p.clone());
@@ -87,7 +184,8 @@ impl Pools {
         let settings = config.limits_for(database, user);
         let pool = self
             .map
-            .entry(key)
+            .pools
+            .entry(PoolKey(database.to_string(), user.to_string(), None))
             .or_insert_with(|| {
                 let pool = Arc::new(Pool::new(
                     database.to_string(),
@@ -115,39 +213,47 @@ impl Pools {
     /// created on first use (as an auto database's is) and removed once
     /// unused for `autodb_idle_timeout`. `credential` is the server role's
     /// (see [`Pools::get_or_create`]). Refused when `max_pools` routed
-    /// pools exist (logins creating different routes at the same moment
-    /// may pass it by their number).
+    /// pools exist.
     pub fn get_or_create_routed(
         &self,
         config: &Config,
-        route: &Arc<ResolvedRoute>,
+        route: &ResolvedRoute,
         user: &str,
         tls: &ServerTls,
         credential: ServerCredential,
         max_pools: usize,
     ) -> Result<Arc<Pool>, TooManyRoutes> {
-        let key = (
-            route.base.clone(),
-            user.to_string(),
-            Some(route.key.clone()),
-        );
-        if let Some(p) = self.map.get(&key) {
+        let key = KeyRef(&route.base, user, Some(&route.key));
+        if let Some(p) = self.map.pools.get(&key as &dyn KeyParts) {
             p.stats.logins.fetch_add(1, Ordering::Relaxed);
             p.offer_credential(credential);
             return Ok(p.clone());
         }
-        // Counted before taking the entry: iterating under an entry's
-        // lock would deadlock on its shard.
-        let routed = self.map.iter().filter(|e| e.key().2.is_some()).count();
-        if routed >= max_pools {
+        // A place under max_pools, taken before the entry (iterating
+        // under an entry's lock would deadlock on its shard), and given
+        // back if another login inserted the pool meanwhile.
+        let placed = self
+            .map
+            .routed
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max_pools).then_some(n + 1)
+            });
+        if placed.is_err() {
             return Err(TooManyRoutes(max_pools));
         }
         let target = routed_target(config, route, tls, credential, &self.health);
         let settings = route.limits(config, user);
+        let mut created = false;
         let pool = self
             .map
-            .entry(key)
+            .pools
+            .entry(PoolKey(
+                route.base.clone(),
+                user.to_string(),
+                Some(route.key.clone()),
+            ))
             .or_insert_with(|| {
+                created = true;
                 let mut pool = Pool::new(
                     route.base.clone(),
                     user.to_string(),
@@ -155,7 +261,7 @@ impl Pools {
                     settings,
                     self.caps.for_pool(&route.base, user),
                 );
-                pool.route = Some(route.clone());
+                pool.route = Some(Arc::new(route.clone()));
                 let pool = Arc::new(pool);
                 self.caps.register(&pool);
                 if self.paused.lock().covers(&route.base) {
@@ -166,6 +272,9 @@ impl Pools {
                 pool
             })
             .clone();
+        if !created {
+            self.map.routed.fetch_sub(1, Ordering::AcqRel);
+        }
         pool.stats.logins.fetch_add(1, Ordering::Relaxed);
         Ok(pool)
     }
@@ -180,46 +289,15 @@ impl Pools {
         }
     }
 
-    /// A login whose hook routed it elsewhere gives back the pool of the
-    /// database it asked for: removed if every login of it was routed away
-    /// and nobody used it (a listed database's too: such a pool, of
-    /// `alice.tenant42` say, would only ever be empty, or open connections
-    /// nobody needs). Logins routed away at once (ten of one tenant) each
-    /// count themselves and let go of the pool before they look, under the
-    /// map's lock: whichever looks last sees every other one gone, and
-    /// removes it.
-    pub fn give_back_routed_away(&self, pool: Arc<Pool>) {
-        pool.stats.routed_away.fetch_add(1, Ordering::AcqRel);
-        let auto = removable(&pool);
-        let key = (
-            pool.database.clone(),
-            pool.user.clone(),
-            pool.route.as_ref().map(|r| r.key.clone()),
-        );
-        let ours = Arc::as_ptr(&pool);
-        drop(pool);
-        let removed = self.map.remove_if(&key, |_, p| {
-            let s = &p.stats;
-            let untouched = s.logins.load(Ordering::Acquire)
-                <= s.routed_away.load(Ordering::Acquire)
-                && s.checkouts.load(Ordering::Acquire) == 0
-                && p.idle_count() == 0;
-            std::ptr::eq(Arc::as_ptr(p), ours) && (untouched || auto) && !in_use(p, 1)
-        });
-        if let Some((_, pool)) = removed {
-            pool.close_idle();
-            tracing::debug!(db = %pool.database, user = %pool.user, "pool left by routed logins removed");
-        }
-    }
-
     /// Every pool, in no particular order.
     pub fn all(&self) -> Vec<Arc<Pool>> {
-        self.map.iter().map(|e| e.value().clone()).collect()
+        self.map.pools.iter().map(|e| e.value().clone()).collect()
     }
 
     /// The pools of one database, or all of them (`None`).
     pub fn of(&self, database: Option<&str>) -> Vec<Arc<Pool>> {
         self.map
+            .pools
             .iter()
             .filter(|e| database.is_none_or(|d| e.key().0 == d))
             .map(|e| e.value().clone())
@@ -235,13 +313,12 @@ impl Pools {
     /// becomes an auto database. Pools of a database that is gone stay for
     /// the clients they serve (an auto database's until it is unused);
     /// new clients cannot reach them.
+    /// Routed pools: [`Pools::apply_config_routed`].
     pub fn apply_config(&self, old: &Config, new: &Config, tls: &HashMap<String, ServerTls>) {
         for pool in self.all() {
             let (db, user) = (pool.database.as_str(), pool.user.as_str());
             if let Some(route) = &pool.route {
-                // A routed pool keeps its target until it is dropped
-                // (unused for autodb_idle_timeout); its limits follow.
-                pool.apply(route.limits(new, user), None);
+                self.apply_config_routed(&pool, route, old, new, tls);
                 continue;
             }
             let tls = tls.get(db).or_else(|| tls.get(FALLBACK_DATABASE));
@@ -258,6 +335,71 @@ impl Pools {
                 .then(|| target_for(new, db, user, tls, ServerCredential::None, &self.health))
                 .flatten();
             pool.apply(new.limits_for(db, user), target);
+        }
+    }
+
+    /// A routed pool after a reload: its route is resolved again against
+    /// the new configuration ([`ResolvedRoute::again`]). Still the same
+    /// target: its limits follow; its base entry's TLS, `target` or
+    /// `load_balance` changed: it reconnects with them. What it took from
+    /// its base entry (hosts, dbname) moved: it reconnects there (its
+    /// clients move with their base entry, as a listed database's do) and
+    /// leaves the registry, its key being stale: new logins of the route
+    /// make a pool under the new key. A route the configuration no longer
+    /// allows (or whose base entry is gone) leaves the registry too, its
+    /// idle connections closed: new logins cannot make it again, and its
+    /// clients finish on it.
+    fn apply_config_routed(
+        &self,
+        pool: &Arc<Pool>,
+        route: &ResolvedRoute,
+        old: &Config,
+        new: &Config,
+        tls: &HashMap<String, ServerTls>,
+    ) {
+        let user = pool.user.as_str();
+        let retire = || {
+            self.map
+                .remove_if(KeyRef::of(pool), |p| Arc::ptr_eq(p, pool))
+                .is_some()
+        };
+        let again = match route.again(new) {
+            Ok(again) => again,
+            Err(why) => {
+                if retire() {
+                    pool.close_idle();
+                }
+                tracing::warn!(db = %route.base, user, route = %route.key, reason = %why, "reload: route no longer allowed; its pool serves its clients and takes no new ones");
+                return;
+            }
+        };
+        let limits = again.limits(new, user);
+        let base_changed = match (
+            old.listed_database(&route.base),
+            new.listed_database(&route.base),
+        ) {
+            (Some(b), Some(a)) => {
+                b.tls != a.tls
+                    || b.tls_ca != a.tls_ca
+                    || b.target != a.target
+                    || b.load_balance != a.load_balance
+            }
+            _ => true,
+        };
+        let moved = again.key != route.key;
+        if !moved && !base_changed {
+            pool.apply(limits, None);
+            return;
+        }
+        let Some(tls) = tls.get(&route.base) else {
+            pool.apply(limits, None);
+            return;
+        };
+        let target = routed_target(new, &again, tls, ServerCredential::None, &self.health);
+        pool.apply(limits, Some(target));
+        if moved {
+            retire();
+            tracing::info!(db = %route.base, user, from = %route.key, to = %again.key, "reload: routed pool follows its base entry");
         }
     }
 
@@ -451,16 +593,84 @@ fn in_use(pool: &Arc<Pool>, holders: usize) -> bool {
 /// and the caller (`holders` in all) holds it; checked under the map's
 /// lock, so no login can take it meanwhile. Its idle connections close.
 fn remove_unused(map: &PoolMap, pool: &Arc<Pool>, holders: usize) -> bool {
-    let key = (
-        pool.database.clone(),
-        pool.user.clone(),
-        pool.route.as_ref().map(|r| r.key.clone()),
-    );
     let removed = map
-        .remove_if(&key, |_, p| Arc::ptr_eq(p, pool) && !in_use(p, holders))
+        .remove_if(KeyRef::of(pool), |p| {
+            Arc::ptr_eq(p, pool) && !in_use(p, holders)
+        })
         .is_some();
     if removed {
         pool.close_idle();
     }
     removed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Route;
+
+    fn route(config: &Config, dbname: String) -> ResolvedRoute {
+        Route {
+            dbname: Some(dbname),
+            ..Route::default()
+        }
+        .resolve(config, "app", "alice")
+        .unwrap()
+    }
+
+    /// Logins creating different routes at once: exactly `max_pools`
+    /// routed pools, however their checks and inserts interleave.
+    #[test]
+    fn racing_logins_of_different_routes_stay_within_max_pools() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let config = Arc::new(
+            Config::from_yaml(
+                "databases:\n  app: { host: 127.0.0.1 }\nrouting:\n  allow: { databases: [app] }\n",
+                "test.yaml",
+            )
+            .unwrap(),
+        );
+        let (threads, per_thread, max_pools) = (8, 40, 5);
+        for round in 0..5 {
+            let pools = Arc::new(Pools::new());
+            let start = Arc::new(std::sync::Barrier::new(threads));
+            let created: usize = (0..threads)
+                .map(|t| {
+                    let (pools, config, start) = (pools.clone(), config.clone(), start.clone());
+                    let runtime = runtime.handle().clone();
+                    std::thread::spawn(move || {
+                        let _runtime = runtime.enter();
+                        let routes: Vec<_> = (0..per_thread)
+                            .map(|i| route(&config, format!("db_{round}_{t}_{i}")))
+                            .collect();
+                        start.wait();
+                        routes
+                            .iter()
+                            .filter(|r| {
+                                pools
+                                    .get_or_create_routed(
+                                        &config,
+                                        r,
+                                        "alice",
+                                        &ServerTls::disabled(),
+                                        ServerCredential::None,
+                                        max_pools,
+                                    )
+                                    .is_ok()
+                            })
+                            .count()
+                    })
+                })
+                .collect::<Vec<_>>()
+                .into_iter()
+                .map(|h| h.join().unwrap())
+                .sum();
+            assert_eq!(created, max_pools, "round {round}");
+            assert_eq!(pools.all().len(), max_pools, "round {round}");
+        }
+    }
 }

@@ -91,9 +91,8 @@ impl Drop for Slot {
         match self {
             Slot::Place(places) => places.give_back(),
             Slot::Reserve { permit, owed } => {
-                let owed = owed.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                    n.checked_sub(1)
-                });
+                let owed =
+                    owed.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
                 if owed.is_ok() {
                     if let Some(p) = permit.take() {
                         p.forget();

@@ -5,9 +5,10 @@
 //! with the shards' ports written in. The clients authenticate as
 //! `alice.tenant<N>` against their own `users:` entries (alice's
 //! password); the route logs them in to the shard as alice, whose
-//! password usher has from its `users:` entry.
+//! password usher has from its `users:` entry. Shard B has SSL on once a
+//! test asks for it (`shard_b_tls`); the other tests do not mind.
 
-use crate::common::console::console_table;
+use crate::common::console::{console, console_table, get, Row};
 use crate::common::wait::{wait_for_async, DEADLINE};
 use crate::common::{sqlstate, PgCluster, Usher, ALICE_PASSWORD};
 use std::path::Path;
@@ -263,7 +264,8 @@ async fn moving_a_tenant_in_the_routing_table_sends_new_sessions_to_its_new_shar
          pool_mode: transaction\n\
          hooks: {{ dir: {}, timeout_ms: 10000, query: {{ database: app, user: alice, timeout_ms: 10000 }} }}\n\
          databases:\n  app: {{ host: 127.0.0.1, port: {}, dbname: {db} }}\n\
-         users:\n  alice: {{ password: {ALICE_PASSWORD} }}\n  alice.acme: {{ password: {ALICE_PASSWORD} }}\n  alice.globex: {{ password: {ALICE_PASSWORD} }}\n  alice.initech: {{ password: {ALICE_PASSWORD} }}\n\
+         users:\n  alice: {{ password: {ALICE_PASSWORD} }}\n  alice.acme: {{ password: {ALICE_PASSWORD} }}\n  alice.globex: {{ password: {ALICE_PASSWORD} }}\n  alice.initech: {{ password: {ALICE_PASSWORD} }}\n  admin: {{ password: admin-pw }}\n\
+         admin: {{ users: [admin] }}\n\
          routing:\n  allow: {{ hosts: [127.0.0.1], ports: [{}, {}], databases: [app] }}\n",
         hooks.path().display(),
         a.port,
@@ -288,7 +290,10 @@ async fn moving_a_tenant_in_the_routing_table_sends_new_sessions_to_its_new_shar
     );
 
     // acme moves to shard B: new sessions go there once the cached row
-    // expires; the session already open goes on on shard A, with no error.
+    // expires; the session already open goes on on shard A, with no error,
+    // here in the middle of a transaction.
+    acme.batch_execute("BEGIN").await.unwrap();
+    let in_transaction = backend_pid(&acme).await;
     a.psql_super_db(
         db,
         &format!(
@@ -307,6 +312,20 @@ async fn moving_a_tenant_in_the_routing_table_sends_new_sessions_to_its_new_shar
     for _ in 0..3 {
         assert_eq!(server_port(&acme).await.unwrap(), i32::from(a.port));
     }
+    // RECONNECT app, as the recipe says, while that transaction is open:
+    // it finishes on its connection, which is closed when it comes back;
+    // the session goes on on shard A (its route's pool), with no error.
+    crate::common::console::console(&usher, "RECONNECT app").await;
+    assert_eq!(backend_pid(&acme).await, in_transaction);
+    acme.batch_execute("COMMIT").await.unwrap();
+    assert_ne!(
+        backend_pid(&acme).await,
+        in_transaction,
+        "RECONNECT app replaced the routed pool's connection"
+    );
+    assert_eq!(server_port(&acme).await.unwrap(), i32::from(a.port));
+    let c = connect("alice.acme").await.unwrap();
+    assert_eq!(server_port(&c).await.unwrap(), i32::from(b.port));
 }
 
 #[test]
@@ -442,5 +461,264 @@ async fn routed_pools_are_bounded_and_reconnect_of_their_base_reaches_them() {
         backend_pid(&c).await,
         before,
         "RECONNECT app reached the routed pool"
+    );
+}
+
+/// Polls a console command until `done` holds for its rows.
+async fn wait_for_rows(usher: &Usher, command: &str, done: impl Fn(&[Row]) -> bool) {
+    wait_for_async(DEADLINE, &format!("{command} gets there"), || async {
+        let rows = console(usher, command).await;
+        if done(&rows) {
+            Ok(())
+        } else {
+            Err(rows)
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_and_resume_of_the_base_database_reach_its_routed_pools() {
+    let (a, b) = (PgCluster::shared(), shard_b());
+    let db = "routing_pause";
+    create_shard_database(a, db);
+    create_shard_database(b, db);
+    let hooks = hooks_dir(a.port, b.port, db);
+    let usher = routing_usher(hooks.path(), a.port, &[a.port, b.port]).await;
+    let c = tenant_client(&usher, 1).await.unwrap();
+    assert_eq!(server_port(&c).await.unwrap(), i32::from(b.port));
+
+    // PAUSE app: the routed client's next query waits in its routed pool
+    // (on shard B), shown on the console as waiting there.
+    console(&usher, "PAUSE app").await;
+    let query = tokio::spawn(async move {
+        let n: i32 = c.query_one("SELECT 41 + 1", &[]).await?.get(0);
+        Ok::<_, tokio_postgres::Error>(n)
+    });
+    let shown = format!("app@127.0.0.1:{}/{db}", b.port);
+    wait_for_rows(&usher, "SHOW POOLS", |rows| {
+        rows.iter().any(|r| {
+            get(r, "database") == Some(&*shown)
+                && get(r, "user") == Some("alice.tenant1")
+                && get(r, "cl_waiting") == Some("1")
+        })
+    })
+    .await;
+    assert!(
+        !query.is_finished(),
+        "a routed query ran while app was paused"
+    );
+
+    // RESUME app lets it run, on its shard.
+    console(&usher, "RESUME app").await;
+    assert_eq!(query.await.unwrap().unwrap(), 42);
+}
+
+/// usher whose hook routes `<role>.x` to the server role `bob` on the
+/// database asked for, with these `users:` (indented by two).
+async fn bob_routing_usher(pg: &PgCluster, users: &str) -> (Usher, tempfile::TempDir) {
+    let hooks = tempfile::tempdir().unwrap();
+    std::fs::write(
+        hooks.path().join("10-as-bob.lua"),
+        "function client_connection(ctx)\n  if ctx.user:match('%.x$') then ctx:route{ user = 'bob' } end\nend\n",
+    )
+    .unwrap();
+    let usher = Usher::start_yaml(&format!(
+        "listen: 127.0.0.1:0\n\
+         pool_mode: transaction\n\
+         hooks: {{ dir: {} }}\n\
+         databases:\n  app: {{ host: 127.0.0.1, port: {} }}\n\
+         users:\n{users}\
+         routing:\n  allow: {{ databases: [app] }}\n",
+        hooks.path().display(),
+        pg.port
+    ))
+    .await;
+    (usher, hooks)
+}
+
+fn verifier(pg: &PgCluster, role: &str) -> String {
+    let v = pg.psql_super(&format!(
+        "SELECT rolpassword FROM pg_authid WHERE rolname = '{role}'"
+    ));
+    assert!(v.starts_with("SCRAM-SHA-256$"), "{role}: {v}");
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_to_another_role_passes_scram_through_when_the_secret_is_the_clients() {
+    let pg = PgCluster::shared();
+    let (bob, alice) = (verifier(pg, "bob"), verifier(pg, "alice"));
+    // bob.x's secret is bob's verifier (the server's own): its SCRAM proof
+    // lets usher log in as bob. alice.x's is alice's: usher has nothing
+    // for bob (only his verifier, which is not the client's).
+    let (usher, _hooks) = bob_routing_usher(
+        pg,
+        &format!(
+            "  bob: {{ password: '{bob}' }}\n  bob.x: {{ password: '{bob}' }}\n  alice.x: {{ password: '{alice}' }}\n"
+        ),
+    )
+    .await;
+    let c = usher
+        .connect_as("bob.x", crate::common::BOB_PASSWORD)
+        .await
+        .expect("bob.x logs in");
+    let user: String = c
+        .query_one("SELECT current_user::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(user, "bob", "the session runs as the routed role");
+
+    let refused = async {
+        let c = usher.connect_as("alice.x", ALICE_PASSWORD).await?;
+        c.simple_query("SELECT 1").await
+    }
+    .await;
+    let e = refused.expect_err("alice's proof is not bob's");
+    let db = e.as_db_error().unwrap_or_else(|| panic!("{e:?}"));
+    assert_eq!(db.code().code(), "28000", "{db:?}");
+    assert!(
+        db.message()
+            .contains("for user \"bob\", which usher does not have"),
+        "{db:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_moves_routed_pools_with_their_base_entry_or_retires_them() {
+    let (a, b) = (PgCluster::shared(), shard_b());
+    let db = "routing_reload";
+    create_shard_database(a, db);
+    create_shard_database(b, db);
+    // The route names only its dbname: its servers are the base entry's.
+    let hooks = tempfile::tempdir().unwrap();
+    std::fs::write(
+        hooks.path().join("10-route.lua"),
+        format!("function client_connection(ctx)\n  ctx:route{{ dbname = \"{db}\" }}\nend\n"),
+    )
+    .unwrap();
+    let yaml = |port: u16, allowed: &str| {
+        format!(
+            "listen: 127.0.0.1:0\n\
+             pool_mode: transaction\n\
+             hooks: {{ dir: {} }}\n\
+             databases:\n  app: {{ host: 127.0.0.1, port: {port} }}\n  other: {{ host: 127.0.0.1, port: {port} }}\n\
+             users:\n  alice: {{ password: {ALICE_PASSWORD} }}\n  admin: {{ password: admin-pw }}\n\
+             admin: {{ users: [admin] }}\n\
+             routing:\n  allow: {{ databases: [{allowed}] }}\n",
+            hooks.path().display()
+        )
+    };
+    let usher = Usher::start_yaml(&yaml(a.port, "app")).await;
+    let c = usher.alice().await;
+    assert_eq!(server_port(&c).await.unwrap(), i32::from(a.port));
+
+    // app moves to shard B: the open session's next transaction runs
+    // there (its pool follows its base entry), and so does a new one's.
+    usher.rewrite_config(&yaml(b.port, "app"));
+    console(&usher, "RELOAD").await;
+    assert_eq!(
+        server_port(&c).await.unwrap(),
+        i32::from(b.port),
+        "the routed pool moved with app"
+    );
+    let fresh = usher.alice().await;
+    assert_eq!(server_port(&fresh).await.unwrap(), i32::from(b.port));
+    let (_, pools) = console_table(&usher, "SHOW POOLS").await;
+    let on = |port: u16| format!("app@127.0.0.1:{port}/{db}");
+    assert!(
+        !pools.iter().any(|r| r[0] == on(a.port)),
+        "no pool is left under the old route: {pools:?}"
+    );
+    assert!(pools.iter().any(|r| r[0] == on(b.port)), "{pools:?}");
+
+    // app is no longer a base routes may use: new logins are refused, the
+    // open sessions finish on their pool, which SHOW POOLS no longer lists.
+    usher.rewrite_config(&yaml(b.port, "other"));
+    console(&usher, "RELOAD").await;
+    let Err(e) = usher.connect_as("alice", ALICE_PASSWORD).await else {
+        panic!("a route no longer allowed was let in")
+    };
+    assert_eq!(sqlstate(&e).as_deref(), Some("28000"), "{e:?}");
+    assert_eq!(server_port(&fresh).await.unwrap(), i32::from(b.port));
+    let (_, pools) = console_table(&usher, "SHOW POOLS").await;
+    assert!(!pools.iter().any(|r| r[0].starts_with("app@")), "{pools:?}");
+}
+
+/// Shard B with SSL on (its certificate names only `localhost`), once, and
+/// the file of the CA that signed it.
+fn shard_b_tls() -> &'static std::path::PathBuf {
+    use crate::common::tls::{write_file, TestCa};
+    static CA: std::sync::OnceLock<(tempfile::TempDir, std::path::PathBuf)> =
+        std::sync::OnceLock::new();
+    &CA.get_or_init(|| {
+        let ca = TestCa::new("routing test CA");
+        shard_b().enable_tls(&ca.server(&["localhost"]));
+        let dir = tempfile::tempdir().unwrap();
+        let file = write_file(dir.path(), "ca.pem", &ca.cert_pem);
+        (dir, file)
+    })
+    .1
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_routed_pool_uses_tls_as_its_base_entry_says() {
+    let (a, b) = (PgCluster::shared(), shard_b());
+    let ca = shard_b_tls();
+    let db = "routing_tls";
+    create_shard_database(b, db);
+    // alice.name routes to shard B by the name its certificate has,
+    // alice.ip by address; the base entry says verify-full.
+    let hooks = tempfile::tempdir().unwrap();
+    std::fs::write(
+        hooks.path().join("10-route.lua"),
+        format!(
+            "function client_connection(ctx)\n  local how = ctx.user:match('%.(%a+)$')\n  \
+             ctx:route{{ host = how == 'name' and 'localhost' or '127.0.0.1', port = {}, dbname = '{db}', user = 'alice' }}\nend\n",
+            b.port
+        ),
+    )
+    .unwrap();
+    let usher = Usher::start_yaml(&format!(
+        "listen: 127.0.0.1:0\n\
+         pool_mode: transaction\n\
+         hooks: {{ dir: {} }}\n\
+         databases:\n  app: {{ host: 127.0.0.1, port: {}, tls: verify-full, tls_ca: {} }}\n\
+         users:\n  alice: {{ password: {ALICE_PASSWORD} }}\n  alice.name: {{ password: {ALICE_PASSWORD} }}\n  alice.ip: {{ password: {ALICE_PASSWORD} }}\n\
+         routing:\n  allow: {{ hosts: [127.0.0.1, localhost], ports: [{}], databases: [app] }}\n",
+        hooks.path().display(),
+        a.port,
+        ca.display(),
+        b.port
+    ))
+    .await;
+    let ssl = |user: &'static str| {
+        let usher = &usher;
+        async move {
+            let c = usher.connect_as(user, ALICE_PASSWORD).await?;
+            let row = c
+                .query_one(
+                    "SELECT ssl, inet_server_port() FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+                    &[],
+                )
+                .await?;
+            Ok::<_, tokio_postgres::Error>((row.get::<_, bool>(0), row.get::<_, i32>(1)))
+        }
+    };
+    assert_eq!(
+        ssl("alice.name").await.expect("verify-full to localhost"),
+        (true, i32::from(b.port)),
+        "the routed session is on shard B over TLS"
+    );
+    // verify-full checks the route's host against the certificate.
+    let e = ssl("alice.ip")
+        .await
+        .expect_err("127.0.0.1 is not the certificate's name");
+    assert_eq!(sqlstate(&e).as_deref(), Some("08006"), "{e:?}");
+    assert!(
+        e.as_db_error()
+            .is_some_and(|d| d.message().contains("certificate")),
+        "{e:?}"
     );
 }

@@ -2,7 +2,7 @@
 
 use super::vm::Vm;
 use crate::auth::AuthAttempt;
-use crate::config::{HostSpec, PoolMode, Route};
+use crate::config::{PoolMode, Route};
 use crate::hooks::{ClientInfo, Rejection, ServerInfo, VarValue, Vars};
 use crate::protocol::error::sqlstate;
 use mlua::{Lua, LuaString, Table, Value};
@@ -283,7 +283,11 @@ pub(super) fn collect(vm: &Vm, decided: Decided, max_vars: usize) -> mlua::Resul
                         hook: String::new(),
                     });
                 }
-                b'T' => out.route = Some(read_route(&mut r)?),
+                b'T' => {
+                    out.route = Some(super::ctx_route::take().ok_or_else(|| {
+                        mlua::Error::runtime("ctx:route: the route was not kept")
+                    })?);
+                }
                 b'U' => {
                     // Unpacked: ctx.vars is what the hook left (vars never
                     // unpacked were not changed: the caller keeps its own).
@@ -302,49 +306,6 @@ pub(super) fn collect(vm: &Vm, decided: Decided, max_vars: usize) -> mlua::Resul
         }
     }
     Ok(out)
-}
-
-/// ctx:route's fields, as the prelude checked and packed them: database,
-/// hosts (comma-separated), port, dbname, user, pool_size, pool_mode; ""
-/// when absent.
-fn read_route(r: &mut Record<'_>) -> mlua::Result<Route> {
-    let some = |s: String| (!s.is_empty()).then_some(s);
-    let database = some(r.string()?);
-    let hosts = some(r.string()?)
-        .map(|list| {
-            list.split(',')
-                .map(|h| HostSpec::try_from(h.to_string()))
-                .collect::<Result<Vec<_>, _>>()
-        })
-        .transpose()
-        .map_err(|e| mlua::Error::runtime(format!("ctx:route: host: {e}")))?
-        .unwrap_or_default();
-    let number = |s: String| -> mlua::Result<Option<u64>> {
-        some(s)
-            .map(|n| {
-                n.parse()
-                    .map_err(|_| mlua::Error::runtime("ctx:route: bad number"))
-            })
-            .transpose()
-    };
-    let port = number(r.string()?)?.map(|p| p as u16);
-    let dbname = some(r.string()?);
-    let user = some(r.string()?);
-    let pool_size = number(r.string()?)?.map(|n| n as usize);
-    let pool_mode = match r.string()?.as_str() {
-        "session" => Some(PoolMode::Session),
-        "transaction" => Some(PoolMode::Transaction),
-        _ => None,
-    };
-    Ok(Route {
-        database,
-        hosts,
-        port,
-        dbname,
-        user,
-        pool_size,
-        pool_mode,
-    })
 }
 
 /// ctx.vars read back: string keys with string, integer or boolean values

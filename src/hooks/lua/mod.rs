@@ -19,6 +19,7 @@
 
 mod api;
 mod convert;
+mod ctx_route;
 pub(crate) mod threads;
 mod vm;
 mod watchdog;

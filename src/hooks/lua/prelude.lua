@@ -1,5 +1,8 @@
 -- Loaded into every hook VM before the hook files: the methods of `ctx`
--- and `run`, through which the engine calls every handler.
+-- and `run`, through which the engine calls every handler. Its arguments
+-- are the engine's reader of ctx:route's fields and the reason for its
+-- last refusal (ctx_route.rs).
+local read_route, route_refusal = ...
 local Ctx = {}
 
 -- The plumbing, as upvalues: no lookup in the (large) global table per
@@ -12,7 +15,8 @@ local pack = string.pack
 -- for nothing: one string of items, each a tag byte and its strings
 -- (string.pack "<s4": a 4-byte little-endian length, the bytes): "S" name
 -- value (ctx:set), "E" sql (ctx:exec), "N" message (ctx:notice), "R"
--- message sqlstate detail hint ("" when absent; the last one counts), "U"
+-- message sqlstate detail hint ("" when absent; the last one counts), "T"
+-- (ctx:route: the engine holds the route; [4] is true once routed), "U"
 -- (the client fields were unpacked, so ctx.vars is to be read back). The
 -- engine reads [2] after the call (and [3], earlier items of a long
 -- record), and the ctx only after a "U". A ctx kept past its call decides
@@ -77,67 +81,19 @@ function Ctx:exec(sql)
   record(pack("<Bs4", 69, sql))
 end
 
-local route_keys = { database = true, host = true, port = true, hosts = true, dbname = true,
-  user = true, pool_size = true, pool_mode = true }
-local tointeger_, sfind, concat = math.tointeger, string.find, table.concat
-
-local function route_string(t, key)
-  local v = t[key]
-  if v == nil then return "" end
-  if type(v) ~= "string" or v == "" then
-    error("ctx:route: " .. key .. " must be a non-empty string", 3)
-  end
-  return v
-end
-
-local function route_integer(t, key, max)
-  local v = t[key]
-  if v == nil then return "" end
-  local i = type(v) == "number" and tointeger_(v) or nil
-  if i == nil or i < 1 or i > max then
-    error("ctx:route: " .. key .. " must be an integer from 1 to " .. max, 3)
-  end
-  return tostring(i)
-end
-
 --- Send this client's session to another server (client_connection, at
 --- most once per client): a table of database (the base entry), host,
 --- port, hosts, dbname, user (the server role), pool_size, pool_mode.
+--- The table is checked by the engine (read_route), which keeps the route
+--- when this ctx's call is in progress: the "T" item says so.
 function Ctx:route(t)
-  allowed_in(self, "ctx:route", "client_connection")
-  if type(t) ~= "table" then error("ctx:route: expected a table", 2) end
-  for k in next, t do
-    if not route_keys[k] then error("ctx:route: unknown key " .. tostring(k), 2) end
-  end
-  local host, hosts = route_string(t, "host"), t.hosts
-  if hosts ~= nil then
-    if host ~= "" then error("ctx:route: host and hosts are exclusive", 2) end
-    if type(hosts) ~= "table" or #hosts == 0 then
-      error("ctx:route: hosts must be a non-empty list of strings", 2)
-    end
-    local list = {}
-    for i = 1, #hosts do
-      local h = hosts[i]
-      if type(h) ~= "string" or h == "" or sfind(h, ",", 1, true) then
-        error("ctx:route: hosts must be a non-empty list of strings", 2)
-      end
-      list[i] = h
-    end
-    host = concat(list, ",")
-  elseif sfind(host, ",", 1, true) then
-    error("ctx:route: host must be one host (use hosts for a list)", 2)
-  end
-  local mode = route_string(t, "pool_mode")
-  if mode ~= "" and mode ~= "session" and mode ~= "transaction" then
-    error("ctx:route: pool_mode must be session or transaction", 2)
-  end
-  local fields = pack("<Bs4s4s4s4s4s4s4", 84, route_string(t, "database"), host,
-    route_integer(t, "port", 65535), route_string(t, "dbname"), route_string(t, "user"),
-    route_integer(t, "pool_size", 100000), mode)
-  if state[1] ~= self then return end
+  if self.event ~= "client_connection" then allowed_in(self, "ctx:route", "client_connection") end
+  local mine = state[1] == self
+  if not read_route(mine and not state[4], t) then error(route_refusal(), 2) end
+  if not mine then return end
   if state[4] then error("ctx:route may be called once per client", 2) end
   state[4] = true
-  record(fields)
+  record("T")
 end
 
 --- Send the client a NOTICE.

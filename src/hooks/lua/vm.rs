@@ -10,6 +10,7 @@
 //! ([`super::watchdog`]), and the VM under a memory limit.
 
 use super::api;
+use super::ctx_route;
 use super::watchdog::{self, MainState, Watched};
 use super::LuaServices;
 use crate::hooks::{Event, SessionReason};
@@ -287,6 +288,13 @@ impl Vm {
         lua.set_app_data(budget.clone());
         let main = watchdog::main_state(&lua).map_err(setup)?;
         let base = sandbox(&lua, dir, services).map_err(setup)?;
+        // ctx:route's reader, and the reason for its refusal (ctx_route.rs).
+        // SAFETY: read_route is a C function that follows Lua's protocol.
+        let read_route = unsafe { lua.create_c_function(ctx_route::read_route) };
+        let route_refusal = lua.create_function(|_, ()| Ok(ctx_route::refusal()));
+        let route_functions = read_route
+            .and_then(|r| Ok((r, route_refusal?)))
+            .map_err(|e| VmError::setup("prelude", e))?;
         let (_ctx_meta, state, run, encode_vars, no_handler): (
             Table,
             Table,
@@ -297,7 +305,7 @@ impl Vm {
             .load(include_str!("prelude.lua"))
             .set_name("=usher prelude")
             .set_environment(base.clone())
-            .eval()
+            .call(route_functions)
             .map_err(|e| VmError::setup("prelude", e))?;
         let names = Names::new(&lua).map_err(|e| VmError::setup("prelude", e))?;
         // After the prelude, which keeps the plain setmetatable.

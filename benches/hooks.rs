@@ -48,6 +48,7 @@ fn trivial_lua(dir: &std::path::Path) -> Arc<LuaEngine> {
         roles: Arc::new(RoleCache::default()),
         query: Arc::new(QueryPool::new(None, 1, Duration::from_secs(1))),
         threads: HookThreads::new(),
+        reconnects: Default::default(),
     });
     LuaEngine::load(settings, services).expect("the trivial hook loads")
 }

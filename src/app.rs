@@ -88,6 +88,7 @@ impl App {
                 Duration::from_millis(h.query.as_ref().map_or(1000, |q| q.timeout_ms)),
             )),
             threads: HookThreads::new(),
+            reconnects: Default::default(),
         });
         let builtins = Builtins::from_config(&config, &lua_services.roles, &lua_services.query)?;
         let source = config.source.clone();
@@ -438,6 +439,10 @@ impl Pooler for App {
         role: Option<&'a str>,
     ) -> Pin<Box<dyn Future<Output = Result<bool, PgError>> + Send + 'a>> {
         Box::pin(App::set_maintenance(self, role))
+    }
+
+    fn reconnected(&self, database: Option<&str>) {
+        self.lua_services.reconnects.record(database);
     }
 }
 

@@ -9,21 +9,27 @@
 --
 -- Needs hooks.query (the query runs on usher's own connections as that
 -- user, which must be able to read the table) and every shard in
--- routing.allow. A row is kept for `ttl` seconds: to move a tenant, UPDATE
--- its row; sessions that start after the ttl go to the new shard, sessions
--- already open finish on the old one (RECONNECT app on the console then
--- closes the old shard's idle connections as they come back).
+-- routing.allow. A row is kept for `ttl` seconds, or until the next
+-- RECONNECT of app on the console: to move a tenant, UPDATE its row, then
+-- RECONNECT app (or wait for the ttl). Sessions that start after that go
+-- to the new shard; sessions already open finish on the old one, whose
+-- idle connections RECONNECT closes as they come back.
 local ttl = 30
 
 function client_connection(ctx)
   local role, tenant = string.match(ctx.user, "^(.+)%.([%w_]+)$")
   if role == nil then return end
   local key = "route:" .. tenant
+  -- A row read before the last RECONNECT of app is not used.
+  local reconnects = usher.reconnects("app")
   local cached = usher.shared.get(key)
   local host, port, dbname
   if cached ~= nil then
-    host, port, dbname = string.match(cached, "^(.-)|(%d+)|(.*)$")
-  else
+    local seen
+    seen, host, port, dbname = string.match(cached, "^(%d+)|(.-)|(%d+)|(.*)$")
+    if tonumber(seen) ~= reconnects then host = nil end
+  end
+  if host == nil then
     local rows = usher.query(
       "SELECT host, port, dbname FROM tenant_shards WHERE tenant = $1", tenant)
     if #rows == 0 then
@@ -31,7 +37,7 @@ function client_connection(ctx)
       return
     end
     host, port, dbname = rows[1].host, rows[1].port, rows[1].dbname
-    usher.shared.set(key, host .. "|" .. port .. "|" .. dbname, ttl)
+    usher.shared.set(key, reconnects .. "|" .. host .. "|" .. port .. "|" .. dbname, ttl)
   end
   ctx:route{ database = "app", host = host, port = tonumber(port), dbname = dbname, user = role }
 end

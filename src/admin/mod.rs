@@ -54,6 +54,10 @@ pub trait Pooler: Send + Sync {
         &'a self,
         role: Option<&'a str>,
     ) -> Pin<Box<dyn Future<Output = Result<bool, PgError>> + Send + 'a>>;
+
+    /// RECONNECT `database` (all, without one) was done: what hooks are
+    /// told by `usher.reconnects`.
+    fn reconnected(&self, _database: Option<&str>) {}
 }
 
 /// What a successful reload did.
@@ -264,6 +268,7 @@ impl Console {
             }
             Command::Reconnect(db) => {
                 operations::reconnect(&self.deps, db.as_deref())?;
+                self.pooler.reconnected(db.as_deref());
                 Ok(Reply::Command("RECONNECT".into()))
             }
             Command::Kill(db) => {

@@ -65,6 +65,7 @@ fn services(config: &Config) -> Arc<LuaServices> {
             Duration::from_millis(q.map_or(1000, |q| q.timeout_ms)),
         )),
         threads: super::lua::HookThreads::new(),
+        reconnects: Default::default(),
     })
 }
 

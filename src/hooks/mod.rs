@@ -20,6 +20,7 @@ pub(crate) mod context;
 pub(crate) mod dispatcher;
 pub mod lua;
 pub mod query;
+pub mod reconnects;
 pub mod roles;
 pub mod shared;
 

@@ -226,25 +226,22 @@ async fn a_route_outside_routing_allow_is_refused() {
     assert_eq!(user, "alice");
 }
 
-/// The cookbook's routing-table.lua with its ttl at one second.
-fn table_hooks_dir() -> tempfile::TempDir {
+/// The cookbook's routing-table.lua with its ttl at `ttl` seconds.
+fn table_hooks_dir(ttl: u32) -> tempfile::TempDir {
     let recipe = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/cookbook/routing-table.lua");
     let code = std::fs::read_to_string(recipe).unwrap();
     assert!(code.contains("local ttl = 30\n"), "the recipe's ttl moved");
-    let code = code.replace("local ttl = 30\n", "local ttl = 1\n");
+    let code = code.replace("local ttl = 30\n", &format!("local ttl = {ttl}\n"));
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("routing-table.lua"), code).unwrap();
     dir
 }
 
-async fn server_port(c: &tokio_postgres::Client) -> Result<i32, tokio_postgres::Error> {
-    Ok(c.query_one("SELECT inet_server_port()", &[]).await?.get(0))
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn moving_a_tenant_in_the_routing_table_sends_new_sessions_to_its_new_shard() {
+/// Database `db` on both shards, the routing table in shard A's (acme on
+/// A, globex on B), and usher with the routing-table recipe (its ttl at
+/// `ttl` seconds) routing through the `app` entry.
+async fn routing_table_usher(db: &str, ttl: u32) -> (Usher, tempfile::TempDir) {
     let (a, b) = (PgCluster::shared(), shard_b());
-    let db = "routing_table";
     create_shard_database(a, db);
     create_shard_database(b, db);
     a.psql_super_db(
@@ -258,7 +255,7 @@ async fn moving_a_tenant_in_the_routing_table_sends_new_sessions_to_its_new_shar
             a.port, b.port
         ),
     );
-    let hooks = table_hooks_dir();
+    let hooks = table_hooks_dir(ttl);
     let usher = Usher::start_yaml(&format!(
         "listen: 127.0.0.1:0\n\
          pool_mode: transaction\n\
@@ -273,6 +270,18 @@ async fn moving_a_tenant_in_the_routing_table_sends_new_sessions_to_its_new_shar
         b.port
     ))
     .await;
+    (usher, hooks)
+}
+
+async fn server_port(c: &tokio_postgres::Client) -> Result<i32, tokio_postgres::Error> {
+    Ok(c.query_one("SELECT inet_server_port()", &[]).await?.get(0))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn moving_a_tenant_in_the_routing_table_sends_new_sessions_to_its_new_shard() {
+    let (a, b) = (PgCluster::shared(), shard_b());
+    let db = "routing_table";
+    let (usher, _hooks) = routing_table_usher(db, 1).await;
     let connect = |user: &'static str| {
         let usher = &usher;
         async move { usher.connect_as(user, ALICE_PASSWORD).await }
@@ -326,6 +335,48 @@ async fn moving_a_tenant_in_the_routing_table_sends_new_sessions_to_its_new_shar
     assert_eq!(server_port(&acme).await.unwrap(), i32::from(a.port));
     let c = connect("alice.acme").await.unwrap();
     assert_eq!(server_port(&c).await.unwrap(), i32::from(b.port));
+}
+
+/// The recipe as written (a row cached 30 s): after the UPDATE, RECONNECT
+/// app on the console sends the tenant's next session to its new shard at
+/// once (`usher.reconnects`), where the cache alone would keep it on the
+/// old one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnect_after_moving_a_tenant_sends_its_next_session_to_the_new_shard() {
+    let (a, b) = (PgCluster::shared(), shard_b());
+    let db = "routing_table_reconnect";
+    let (usher, _hooks) = routing_table_usher(db, 30).await;
+    let acme = usher
+        .connect_as("alice.acme", ALICE_PASSWORD)
+        .await
+        .unwrap();
+    assert_eq!(server_port(&acme).await.unwrap(), i32::from(a.port));
+    a.psql_super_db(
+        db,
+        &format!(
+            "UPDATE tenant_shards SET port = {} WHERE tenant = 'acme'",
+            b.port
+        ),
+    );
+    let cached = usher
+        .connect_as("alice.acme", ALICE_PASSWORD)
+        .await
+        .unwrap();
+    assert_eq!(
+        server_port(&cached).await.unwrap(),
+        i32::from(a.port),
+        "the row is cached for 30 s"
+    );
+    crate::common::console::console(&usher, "RECONNECT app").await;
+    let moved = usher
+        .connect_as("alice.acme", ALICE_PASSWORD)
+        .await
+        .unwrap();
+    assert_eq!(server_port(&moved).await.unwrap(), i32::from(b.port));
+    // The sessions already open go on on shard A, with no error.
+    for c in [&acme, &cached] {
+        assert_eq!(server_port(c).await.unwrap(), i32::from(a.port));
+    }
 }
 
 #[test]

@@ -129,7 +129,7 @@ pub(super) fn usher_table(lua: &Lua, services: Arc<LuaServices>) -> mlua::Result
     usher.set("shared", shared)?;
 
     let roles = lua.create_table()?;
-    let s = services;
+    let s = services.clone();
     roles.set(
         "is_member",
         lua.create_function(move |lua, (user, role): (String, String)| {
@@ -139,6 +139,12 @@ pub(super) fn usher_table(lua: &Lua, services: Arc<LuaServices>) -> mlua::Result
         })?,
     )?;
     usher.set("roles", roles)?;
+
+    let reconnects = services.reconnects.clone();
+    usher.set(
+        "reconnects",
+        lua.create_function(move |_, database: String| Ok(reconnects.of(&database)))?,
+    )?;
     Ok(usher)
 }
 

@@ -48,6 +48,8 @@ pub struct LuaServices {
     pub roles: Arc<RoleCache>,
     pub query: Arc<QueryPool>,
     pub threads: HookThreads,
+    /// The console's RECONNECTs (`usher.reconnects`).
+    pub reconnects: Arc<crate::hooks::reconnects::Reconnects>,
 }
 
 /// Limits of the engine (from `hooks:`).
@@ -583,6 +585,7 @@ mod tests {
             roles: Arc::new(RoleCache::default()),
             query: Arc::new(QueryPool::new(None, 1, Duration::from_secs(1))),
             threads: HookThreads::new(),
+            reconnects: Default::default(),
         });
         LuaEngine::load(settings, services)
     }

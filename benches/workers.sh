@@ -7,6 +7,8 @@
 #
 #   benches/workers.sh                         # 3 rounds of 8 s per point
 #   ROUNDS=5 CLIENTS="10 1000" benches/workers.sh
+#   W1_BIN=/tmp/usher-before W1_WORKERS=2 W2_WORKERS=2 benches/workers.sh
+#                                   # two builds with 2 workers each (w1, w2)
 #
 # On a machine of N cores, pgbench and PostgreSQL share them with the
 # pooler; what this measures is how much of a core each pooler needs per

@@ -579,15 +579,12 @@ impl Server {
     /// Accepts clients until shutdown begins, then waits up to
     /// `shutdown_timeout` for connected clients to leave; those still there
     /// are ended between transactions, with a short grace to get there.
-    pub async fn run(self) {
+    /// An error if the worker threads cannot start.
+    pub async fn run(self) -> std::io::Result<()> {
         let app = self.app;
-        let shards = match Shards::start(app.workers()) {
-            Ok(shards) => shards,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot start the worker threads");
-                return;
-            }
-        };
+        let shards = Shards::start(app.workers()).inspect_err(|e| {
+            tracing::error!(error = %e, "cannot start the worker threads");
+        })?;
         app.start_background();
         let mut shutdown = app.deps.shutting_down();
         tracing::info!(
@@ -673,6 +670,7 @@ impl Server {
         }
         app.deps.builtins.save_state().await;
         tracing::info!("usher stopped");
+        Ok(())
     }
 }
 

@@ -125,7 +125,12 @@ fn run(app: std::sync::Arc<usher::App>, endpoint: Option<usher::metrics::Endpoin
         if let Some(endpoint) = endpoint {
             tokio::spawn(endpoint.serve());
         }
-        server.run().await;
-        ExitCode::SUCCESS
+        match server.run().await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("usher: cannot start the worker threads: {e}");
+                ExitCode::from(1)
+            }
+        }
     })
 }

@@ -115,3 +115,21 @@ pub async fn wait_pool(port: u16, user: &str, column: &str, value: &str) {
     )
     .await
 }
+
+/// Polls `command` on the console until `done` holds for its rows (up to
+/// [`super::wait::DEADLINE`]; the last rows are in the failure).
+pub async fn wait_for_rows(usher: &Usher, command: &str, done: impl Fn(&[Row]) -> bool) {
+    super::wait::wait_for_async(
+        super::wait::DEADLINE,
+        &format!("{command} gets there"),
+        || async {
+            let rows = console(usher, command).await;
+            if done(&rows) {
+                Ok(())
+            } else {
+                Err(rows)
+            }
+        },
+    )
+    .await
+}

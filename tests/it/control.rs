@@ -5,28 +5,12 @@
 
 use crate::common;
 
-use crate::common::console::{console, console_messages, console_table, get, row, Row};
+use crate::common::console::{
+    console, console_messages, console_table, get, row, wait_for_rows, Row,
+};
 use crate::common::{backend_pid, sqlstate, usher_yaml, PgCluster, Usher, BOB_PASSWORD};
 use std::time::Duration;
 use tokio_postgres::SimpleQueryMessage;
-
-/// Polls a console command until `done` holds for its rows (or fails
-/// after 10 s, showing the last rows).
-async fn wait_for_rows(usher: &Usher, command: &str, done: impl Fn(&[Row]) -> bool) {
-    common::wait::wait_for_async(
-        Duration::from_secs(10),
-        &format!("{command} gets there"),
-        || async {
-            let rows = console(usher, command).await;
-            if done(&rows) {
-                Ok(())
-            } else {
-                Err(rows)
-            }
-        },
-    )
-    .await
-}
 
 /// The clients of database `app` in SHOW CLIENTS.
 fn app_clients(rows: &[Row]) -> Vec<&Row> {

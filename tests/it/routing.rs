@@ -8,7 +8,7 @@
 //! password usher has from its `users:` entry. Shard B has SSL on once a
 //! test asks for it (`shard_b_tls`); the other tests do not mind.
 
-use crate::common::console::{console, console_table, get, Row};
+use crate::common::console::{console, console_table, get, wait_for_rows};
 use crate::common::wait::{wait_for_async, DEADLINE};
 use crate::common::{sqlstate, PgCluster, Usher, ALICE_PASSWORD};
 use std::path::Path;
@@ -513,19 +513,6 @@ async fn routed_pools_are_bounded_and_reconnect_of_their_base_reaches_them() {
         before,
         "RECONNECT app reached the routed pool"
     );
-}
-
-/// Polls a console command until `done` holds for its rows.
-async fn wait_for_rows(usher: &Usher, command: &str, done: impl Fn(&[Row]) -> bool) {
-    wait_for_async(DEADLINE, &format!("{command} gets there"), || async {
-        let rows = console(usher, command).await;
-        if done(&rows) {
-            Ok(())
-        } else {
-            Err(rows)
-        }
-    })
-    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -115,7 +115,17 @@ pgbouncer_bin() {
 start_pgbouncer() {
   local bin
   bin=$(pgbouncer_bin)
-  echo "PgBouncer: $bin ($("$bin" --version 2>/dev/null | head -1))" >&2
+  local version
+  version=$("$bin" --version 2>/dev/null | head -1)
+  echo "PgBouncer: $bin ($version)" >&2
+  # Protocol-level prepared statements in transaction mode came in 1.21
+  # (max_prepared_statements); PGB_PREPARED says whether this one has them.
+  PGB_PREPARED=0
+  local prepared_line=""
+  if awk '{ split($2, v, "."); exit !(v[1] > 1 || (v[1] == 1 && v[2] >= 21)) }' <<<"$version"; then
+    PGB_PREPARED=1
+    prepared_line="max_prepared_statements = ${PGB_MAX_PREPARED:-200}"
+  fi
   mkdir -p "$work/pgbouncer"
   printf '"bench" "%s"\n' "$(scram_verifier bench)" >"$work/pgbouncer/users.txt"
   cat >"$work/pgbouncer/pgbouncer.ini" <<INI
@@ -130,6 +140,7 @@ auth_file = $work/pgbouncer/users.txt
 pool_mode = transaction
 default_pool_size = ${POOL_SIZE:-20}
 max_client_conn = 10000
+$prepared_line
 logfile = $work/pgbouncer/pgbouncer.log
 pidfile = $work/pgbouncer/pgbouncer.pid
 INI

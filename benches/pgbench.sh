@@ -15,7 +15,8 @@
 #                                            # through its Unix-domain socket
 #
 # PgBouncer 1.18 has no protocol-level prepared statements in transaction
-# mode: its prepared column is empty. Starts its own throwaway PostgreSQL,
+# mode: its prepared column is empty (1.21 and later run it with
+# max_prepared_statements = 200, PGB_MAX_PREPARED to change). Starts its own throwaway PostgreSQL,
 # usher (release build) and PgBouncer on free ports, stops them at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -52,7 +53,9 @@ for mode in $MODES; do
         case $who in
           d) run "$PGPORT" 0 "$mode" "$c" >>"$work/d" ;;
           u) run "$USHER_PORT" "$U_PID" "$mode" "$c" >>"$work/u" ;;
-          p) [ "$mode" != prepared ] && run "$PGB_PORT" "$PGB_PID" "$mode" "$c" >>"$work/p" ;;
+          p) if [ "$mode" != prepared ] || [ "$PGB_PREPARED" = 1 ]; then
+               run "$PGB_PORT" "$PGB_PID" "$mode" "$c" >>"$work/p"
+             fi ;;
         esac
       done
     done

@@ -14,7 +14,7 @@ use super::close_with_error;
 use super::deps::{ConfigSnapshot, SessionDeps};
 use super::login_slots::NoSlot;
 use super::params::SessionParams;
-use super::session::Session;
+use super::session::{left_while_waiting, Session};
 use crate::auth::hba::{Connection, Decision};
 use crate::auth::{self, AuthAttempt, AuthOutcome, Authenticated, Challenge, Secret};
 use crate::backend::ServerCredential;
@@ -605,7 +605,14 @@ async fn welcome(
         vars,
         notices,
     } = welcome;
-    let defaults = pool.server_params().await?;
+    // A new pool learns the server's parameters from a server connection,
+    // which during an outage it waits for (up to query_wait_timeout): a
+    // client that leaves meanwhile is not waited for, nor kept.
+    let defaults = tokio::select! {
+        biased;
+        defaults = pool.server_params() => defaults?,
+        () = stream.closed() => return Err(left_while_waiting()),
+    };
     let gone = |_| PgError::protocol("client went away");
     let mut out = BytesMut::with_capacity(1024);
     messages::authentication_ok(&mut out);

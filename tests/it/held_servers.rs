@@ -8,9 +8,9 @@
 use crate::common;
 
 use crate::common::canary::Canary;
-use crate::common::console::{console, get, row};
+use crate::common::console::{console, get, row, Row};
 use crate::common::wait::{eventually_async, wait_for_async};
-use crate::common::wire::{message, read_error, read_message, trust_login};
+use crate::common::wire::{message, read_error, read_message, startup_packet, trust_login};
 use crate::common::{PgCluster, Usher};
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
@@ -304,4 +304,58 @@ async fn a_client_leaving_mid_query_has_its_query_cancelled() {
         let bystander = usher.alice().await;
         bystander.simple_query("SELECT 1").await.unwrap();
     }
+}
+
+/// A new pool's first login learns the server's parameters from a server
+/// connection: during an outage it waits for one, up to
+/// query_wait_timeout. A client that left meanwhile was kept (and counted
+/// in SHOW CLIENTS and toward max_client_conn) until then; now its socket
+/// is watched while it waits, as a transaction's is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_login_that_waits_out_an_outage_ends_when_its_client_leaves() {
+    let pg = own_cluster();
+    // A database whose server is down: nothing listens on its port.
+    let down_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let yaml = common::usher_yaml(pg, "auth:\n  method: trust\nquery_wait_timeout: 120\n").replace(
+        "databases:\n",
+        &format!("databases:\n  down:\n    host: 127.0.0.1\n    port: {down_port}\n"),
+    );
+    let usher = Usher::start_yaml(&yaml).await;
+    let canary = Canary::start(usher.addr.port());
+    let downs = |clients: &[Row]| {
+        clients
+            .iter()
+            .filter(|c| get(c, "database") == Some("down"))
+            .count()
+    };
+    let mut client = tokio::net::TcpStream::connect(usher.addr).await.unwrap();
+    client
+        .write_all(&startup_packet(&[("user", "alice"), ("database", "down")]))
+        .await
+        .unwrap();
+    wait_for_async(Duration::from_secs(10), "the login waits", || async {
+        let clients = console(&usher, "SHOW CLIENTS").await;
+        if downs(&clients) == 1 {
+            Ok(())
+        } else {
+            Err(clients)
+        }
+    })
+    .await;
+    drop(client);
+    // Gone at once (before: after query_wait_timeout, 120 s).
+    wait_for_async(Duration::from_secs(10), "the login ends", || async {
+        let clients = console(&usher, "SHOW CLIENTS").await;
+        if downs(&clients) == 0 {
+            Ok(())
+        } else {
+            Err(clients)
+        }
+    })
+    .await;
+    canary.check();
 }

@@ -56,6 +56,7 @@ mod server_lost;
 mod session_start;
 mod transaction;
 
+pub(crate) use serve_loop::left_while_waiting;
 use serve_loop::*;
 use session_start::*;
 

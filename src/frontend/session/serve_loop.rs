@@ -400,7 +400,7 @@ impl Deadline {
     }
 }
 
-pub(super) fn left_while_waiting() -> PgError {
+pub(crate) fn left_while_waiting() -> PgError {
     PgError::server_only(
         sqlstate::CONNECTION_FAILURE,
         "the client closed its connection while it waited for a server connection",

@@ -483,20 +483,58 @@ async fn serve_client(app: Arc<App>, stream: ClientStream, addr: ClientAddr) {
     }
 }
 
-/// Hands a TCP client, as accepted, to the next shard: it is moved off
-/// the acceptor's reactor onto the shard's, where it lives from then on.
-fn hand_tcp(shards: &Shards, app: &Arc<App>, tcp: TcpStream, addr: SocketAddr) -> JoinHandle<()> {
+/// Serves a TCP client accepted on this shard's own listener.
+fn serve_tcp(app: &Arc<App>, tcp: TcpStream, addr: SocketAddr) -> JoinHandle<()> {
     let _ = tcp.set_nodelay(true);
-    let moved = tcp.into_std();
-    let app = app.clone();
-    shards.spawn(async move {
-        match moved.and_then(TcpStream::from_std) {
-            Ok(tcp) => serve_client(app, ClientStream::plain(tcp), ClientAddr::Tcp(addr)).await,
-            Err(e) => {
-                tracing::warn!(client = %addr, error = %e, "could not hand the client to a worker")
-            }
+    tokio::spawn(serve_client(
+        app.clone(),
+        ClientStream::plain(tcp),
+        ClientAddr::Tcp(addr),
+    ))
+}
+
+/// A shard's accept loop on its own listening socket (`listen::bind_each`)
+/// until shutdown begins; then the connections the kernel had queued on
+/// it are taken and the socket closed at once. Returns their logins, to
+/// be waited for with the other clients.
+async fn accept_tcp(app: Arc<App>, listener: std::net::TcpListener) -> Vec<JoinHandle<()>> {
+    let listener = match TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            // Not expected (the socket is bound and listening); the other
+            // shards' sockets keep serving the address.
+            tracing::error!(error = %e, "a worker could not watch its listening socket");
+            return Vec::new();
         }
-    })
+    };
+    let mut shutdown = app.deps.shutting_down();
+    // Out of descriptors and the like: pause (10 ms doubling to 1 s)
+    // and log the burst once; clients wait in the listen backlog.
+    let mut backoff = AcceptBackoff::new("clients");
+    loop {
+        let pause = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, addr)) => {
+                    backoff.accepted();
+                    serve_tcp(&app, stream, addr);
+                    continue;
+                }
+                Err(e) => backoff.failed(&e),
+            },
+            _ = async { let _ = shutdown.wait_for(|s| *s).await; } => break,
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            _ = async { let _ = shutdown.wait_for(|s| *s).await; } => break,
+        }
+    }
+    // Connections the kernel queued on this socket would be reset when it
+    // closes (with so_reuseport a new usher takes the new ones): take them
+    // first, then close at once.
+    crate::listen::drain_backlog(listener)
+        .into_iter()
+        .map(|(stream, addr)| serve_tcp(&app, stream, addr))
+        .collect()
 }
 
 /// Hands a client of the Unix-domain socket to the next shard.
@@ -519,7 +557,9 @@ fn hand_unix(
 /// The bound listeners and the app behind them.
 pub struct Server {
     pub app: Arc<App>,
-    listener: TcpListener,
+    /// One listening socket per worker thread, all on `listen`
+    /// (`listen::bind_each`).
+    listeners: Vec<std::net::TcpListener>,
     /// The Unix-domain socket, when `unix_socket_dir` is set.
     unix: Option<UnixSocket>,
 }
@@ -542,16 +582,16 @@ impl Server {
         Server::bind_app(app).await
     }
 
-    /// Binds `listen`, and the Unix-domain socket named after its port,
-    /// for an app already built.
+    /// Binds `listen` (a socket per worker thread), and the Unix-domain
+    /// socket named after its port, for an app already built.
     pub async fn bind_app(app: Arc<App>) -> std::io::Result<Server> {
         let config = app.config();
-        let listener = crate::listen::bind(config.listen, config.so_reuseport)
+        let listeners = crate::listen::bind_each(config.listen, config.so_reuseport, app.workers())
             .map_err(|e| std::io::Error::new(e.kind(), format!("listen {}: {e}", config.listen)))?;
         let unix = match &config.unix_socket_dir {
             Some(dir) => Some(UnixSocket::bind(&UnixSocketSettings {
                 dir: dir.clone(),
-                port: listener.local_addr()?.port(),
+                port: listeners[0].local_addr()?.port(),
                 mode: config.unix_socket_mode,
                 group: config.unix_socket_group.clone(),
                 take_over: config.so_reuseport,
@@ -560,7 +600,7 @@ impl Server {
         };
         Ok(Server {
             app,
-            listener,
+            listeners,
             unix,
         })
     }
@@ -571,7 +611,7 @@ impl Server {
     }
 
     pub fn local_addr(&self) -> SocketAddr {
-        self.listener
+        self.listeners[0]
             .local_addr()
             .expect("bound listener has an address")
     }
@@ -588,24 +628,21 @@ impl Server {
         app.start_background();
         let mut shutdown = app.deps.shutting_down();
         tracing::info!(
-            listen = %self.listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+            listen = %self.listeners[0].local_addr().map(|a| a.to_string()).unwrap_or_default(),
             unix_socket = %self.unix.as_ref().map(|u| u.path().display().to_string()).unwrap_or_default(),
             "usher is accepting connections"
         );
-        // Out of descriptors and the like: pause (10 ms doubling to 1 s)
-        // and log the burst once; clients wait in the listen backlog.
-        let mut backoff = AcceptBackoff::new("clients");
+        // Each shard accepts TCP clients on its own socket; this thread
+        // only the Unix-domain socket's, handed round the shards.
+        let accepting: Vec<_> = self
+            .listeners
+            .into_iter()
+            .enumerate()
+            .map(|(i, listener)| shards.spawn_on(i, accept_tcp(app.clone(), listener)))
+            .collect();
         let mut unix_backoff = AcceptBackoff::new("unix clients");
         loop {
             let pause = tokio::select! {
-                accepted = self.listener.accept() => match accepted {
-                    Ok((stream, addr)) => {
-                        backoff.accepted();
-                        hand_tcp(&shards, &app, stream, addr);
-                        continue;
-                    }
-                    Err(e) => backoff.failed(&e),
-                },
                 accepted = accept_unix(self.unix.as_ref()) => match accepted {
                     Ok((stream, peer)) => {
                         unix_backoff.accepted();
@@ -621,14 +658,13 @@ impl Server {
                 _ = async { let _ = shutdown.wait_for(|s| *s).await; } => break,
             }
         }
-        // Connections the kernel queued on these sockets would be reset
-        // when they close (with so_reuseport a new usher takes the new
-        // ones): take them first, then close at once. The Unix socket's
-        // file goes first (unless another usher took it over).
-        let mut queued: Vec<_> = crate::listen::drain_backlog(self.listener)
-            .into_iter()
-            .map(|(stream, addr)| hand_tcp(&shards, &app, stream, addr))
-            .collect();
+        // The shards' accept loops take what is queued on their sockets
+        // and close them (accept_tcp); the Unix socket's file goes too
+        // (unless another usher took it over), what is queued on it first.
+        let mut queued = Vec::new();
+        for accepting in accepting {
+            queued.extend(accepting.await.unwrap_or_default());
+        }
         if let Some(unix) = self.unix {
             queued.extend(
                 unix.close()

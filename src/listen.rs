@@ -9,6 +9,13 @@
 //! closes in the same moment; `net.ipv4.tcp_migrate_req = 1` (Linux 5.14+)
 //! has the kernel move even half-open ones to another socket
 //! (docs/operations.md, "Running several instances").
+//!
+//! With several worker threads each accepts on a socket of its own
+//! ([`bind_each`]): the sockets share the address through SO_REUSEPORT
+//! and the kernel spreads connections over them, so a client is accepted
+//! on the thread that serves it (no thread that only accepts, no hand-over
+//! between threads). Without `so_reuseport`, the address must still be
+//! free of anyone else's socket: that is checked first.
 
 use std::io;
 use std::net::SocketAddr;
@@ -30,6 +37,33 @@ pub fn bind(addr: SocketAddr, reuseport: bool) -> io::Result<TcpListener> {
     }
     socket.bind(addr)?;
     socket.listen(BACKLOG)
+}
+
+/// Binds `n` listening sockets (at least one) to `addr` for the worker
+/// threads, not yet registered with any runtime (each thread takes its
+/// own: `TcpListener::from_std`). One is [`bind`] as it is; more share the
+/// address with SO_REUSEPORT, after a socket bound without it showed that
+/// nobody else holds the address, unless `reuseport` allows sharing it
+/// anyway. A port of 0 is the first socket's for the others.
+pub fn bind_each(
+    addr: SocketAddr,
+    reuseport: bool,
+    n: usize,
+) -> io::Result<Vec<std::net::TcpListener>> {
+    let first = |share: bool| bind(addr, share).and_then(TcpListener::into_std);
+    if n <= 1 {
+        return Ok(vec![first(reuseport)?]);
+    }
+    if !reuseport && addr.port() != 0 {
+        // Fails as a plain bind would while another socket holds it.
+        drop(first(false)?);
+    }
+    let mut listeners = vec![first(true)?];
+    let addr = listeners[0].local_addr()?;
+    for _ in 1..n {
+        listeners.push(bind(addr, true)?.into_std()?);
+    }
+    Ok(listeners)
 }
 
 /// Closes the listener, first accepting every connection the kernel has
@@ -76,6 +110,32 @@ mod tests {
         let second = bind(addr, true).expect("a second socket with SO_REUSEPORT");
         assert!(bind(addr, false).is_err(), "without it the port is taken");
         drop(second);
+    }
+
+    #[tokio::test]
+    async fn each_worker_gets_a_socket_on_the_same_address() {
+        let listeners = bind_each("127.0.0.1:0".parse().unwrap(), false, 3).unwrap();
+        let addr = listeners[0].local_addr().unwrap();
+        assert!(listeners.iter().all(|l| l.local_addr().unwrap() == addr));
+        // Connections reach one of them.
+        let _client = std::net::TcpStream::connect(addr).unwrap();
+        // Nobody else binds the address without SO_REUSEPORT...
+        assert!(bind(addr, false).is_err());
+        drop(listeners);
+        // ...and without so_reuseport, usher does not join another
+        // socket that shares its address (another usher's with
+        // so_reuseport), though its own sockets share it; with it, it does.
+        let other = bind("127.0.0.1:0".parse().unwrap(), true).unwrap();
+        let taken = other.local_addr().unwrap();
+        assert!(bind_each(taken, false, 2).is_err());
+        assert_eq!(bind_each(taken, true, 2).unwrap().len(), 2);
+        // One worker binds as before.
+        let one = bind_each("127.0.0.1:0".parse().unwrap(), false, 1).unwrap();
+        assert_eq!(one.len(), 1);
+        assert!(
+            bind(one[0].local_addr().unwrap(), true).is_err(),
+            "no SO_REUSEPORT on it"
+        );
     }
 
     #[tokio::test]

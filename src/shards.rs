@@ -1,15 +1,18 @@
 //! One single-threaded tokio runtime per worker thread: a "shard".
 //!
-//! A client is handed to one shard when it is accepted (round robin) and
-//! lives there to the end: its login, its session, the server connections
-//! it opens. Nothing a transaction does wakes another thread, which on a
+//! A TCP client is accepted by a shard on that shard's own listening
+//! socket (`listen::bind_each`: the sockets share the address and the
+//! kernel spreads connections over them), a Unix-socket client is handed
+//! to one (round robin), and either lives there to the end: its login, its
+//! session, the server connections it opens. Nothing a transaction does wakes another thread, which on a
 //! multi-threaded scheduler it often did (a second worker cost 11-27% more
 //! CPU per transaction, docs/benchmarks/2026-12-03-workers.md), and the
 //! pools keep their idle connections per shard ([`current`]) so a client
 //! mostly gets one that its own thread's reactor watches.
 //!
-//! The acceptor, the signal handlers, the metrics endpoint and the
-//! background work run on the runtime that calls [`crate::Server::run`].
+//! The Unix-domain socket's accept loop, the signal handlers, the metrics
+//! endpoint and the background work run on the runtime that calls
+//! [`crate::Server::run`].
 
 use std::cell::Cell;
 use std::future::Future;

@@ -21,6 +21,7 @@
 //! pool (0: no cap), counted in `PoolStats::pinned` and a gauge.
 
 pub mod caps;
+mod hot_limits;
 mod idle;
 mod outage;
 mod places;
@@ -293,6 +294,12 @@ impl Pool {
         self.slots.settings()
     }
 
+    /// The settings a transaction reads, each one relaxed load (no
+    /// arc-swap guard).
+    pub(crate) fn hot(&self) -> &hot_limits::HotLimits {
+        self.slots.hot()
+    }
+
     pub fn mode(&self) -> PoolMode {
         self.slots.settings().mode
     }
@@ -425,7 +432,7 @@ impl Pool {
                 paused,
             },
         })?;
-        let deadline = started + self.slots.settings().query_wait_timeout;
+        let deadline = started + self.slots.hot().query_wait_timeout();
         // The slot may have been waited for: the clock is read again.
         let lent = self.lend(slot, Instant::now(), deadline).await;
         lent.map(Checkout::here)

@@ -12,6 +12,7 @@
 //! The decisions that depend on a connection's age take `now` from the
 //! caller (the pool passes `Instant::now()`), so tests state the time.
 
+use super::hot_limits::HotLimits;
 use super::idle::IdleLists;
 use super::places::Places;
 use super::pool_stats::{Lent, PoolStats, Waiting};
@@ -38,6 +39,8 @@ pub(super) trait Pooled {
 #[derive(Debug)]
 pub(super) struct Slots<C> {
     settings: ArcSwap<PoolLimits>,
+    /// What a transaction reads of `settings`, as atomics (hot_limits.rs).
+    hot: HotLimits,
     /// One list per shard (idle.rs).
     idle: IdleLists<C>,
     /// The `pool_size` places, queued per shard (places.rs).
@@ -142,6 +145,7 @@ impl<C: Pooled> Slots<C> {
             places: Arc::new(Places::new(settings.size)),
             reserve: Arc::new(Semaphore::new(settings.reserve_size)),
             reserve_owed: Arc::new(AtomicUsize::new(0)),
+            hot: HotLimits::new(&settings),
             settings: ArcSwap::from_pointee(settings),
             idle: IdleLists::new(),
             generation: AtomicU64::new(0),
@@ -156,6 +160,10 @@ impl<C: Pooled> Slots<C> {
         self.settings.load()
     }
 
+    pub(super) fn hot(&self) -> &HotLimits {
+        &self.hot
+    }
+
     pub(super) fn settings_full(&self) -> Arc<PoolLimits> {
         self.settings.load_full()
     }
@@ -165,6 +173,7 @@ impl<C: Pooled> Slots<C> {
     /// come back), and idle connections beyond the new size close.
     /// Returns the old settings.
     pub(super) fn apply(&self, settings: PoolLimits) -> Arc<PoolLimits> {
+        self.hot.store(&settings);
         let old = self.settings.swap(Arc::new(settings));
         let new = self.settings.load();
         if new.size != old.size {
@@ -341,13 +350,12 @@ impl<C: Pooled> Slots<C> {
     /// Whether an idle connection sat long enough (`server_check_delay`)
     /// to need a round trip before it is lent.
     pub(super) fn needs_check(&self, conn: &C, now: Instant) -> bool {
-        now.saturating_duration_since(conn.last_used()) >= self.settings.load().server_check_delay
+        now.saturating_duration_since(conn.last_used()) >= self.hot.server_check_delay()
     }
 
     fn past_lifetime(&self, conn: &C, now: Instant) -> bool {
-        self.settings
-            .load()
-            .server_lifetime
+        self.hot
+            .server_lifetime()
             .is_some_and(|l| now.saturating_duration_since(conn.created()) >= l)
     }
 

@@ -343,8 +343,8 @@ impl Session {
     async fn parked(&mut self, client: &mut ClientStream) -> Phase {
         let timeout = self
             .pool
-            .settings()
-            .client_idle_timeout
+            .hot()
+            .client_idle_timeout()
             .map(|t| Box::pin(tokio::time::sleep(t)));
         let woken = IdleWait {
             client,

@@ -84,12 +84,12 @@ impl Session {
             let keeps_server = self.mode == PoolMode::Session || !fwd.flow.pinned().is_empty();
             let idle_limit =
                 if fwd.held.is_none() || (between_messages && fwd.flow.idle() && keeps_server) {
-                    pool.settings()
-                        .client_idle_timeout
+                    pool.hot()
+                        .client_idle_timeout()
                         .map(|t| (Timer::IdleSession, t))
                 } else if fwd.flow.waiting_for_client() || !fwd.in_walker.at_boundary() {
-                    pool.settings()
-                        .idle_transaction_timeout
+                    pool.hot()
+                        .idle_transaction_timeout()
                         .map(|t| (Timer::IdleTransaction, t))
                 } else {
                     None

@@ -209,7 +209,7 @@ impl Session {
         }
         let conn = &mut checkout.conn;
         let mut sql = String::new();
-        let bound = self.pool.settings().prepared_statements;
+        let bound = self.pool.hot().prepared_statements();
         for id in conn.trim_prepared(bound) {
             sql.push_str(&format!("DEALLOCATE {};", prepared::server_name(id)));
         }

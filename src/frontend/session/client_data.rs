@@ -67,7 +67,7 @@ impl Session {
                 // checkout, the parameter sync and session mode's hooks
                 // make a future of a few KB that would otherwise sit in
                 // every idle client.
-                let checkout = SpareBox::new(self.begin_transaction(client))
+                let checkout = SpareBox::new_with(|| self.begin_transaction(client))
                     .await
                     .map_err(LoopEnd::Error)?;
                 fwd.held = Some(checkout);

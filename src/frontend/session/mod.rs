@@ -302,7 +302,7 @@ impl Session {
         let mut phase = Box::pin(self.begin(client)).await;
         loop {
             phase = match phase {
-                Phase::Busy => SpareBox::new(self.busy(client)).await,
+                Phase::Busy => SpareBox::new_with(|| self.busy(client)).await,
                 Phase::Parked => self.parked(client).await,
                 Phase::Ended => return,
             };

@@ -222,6 +222,11 @@ impl<C: Pooled> Slots<C> {
     }
 
     async fn wait_unpaused(&self) {
+        // Not paused, nearly always: no notification to make and enable
+        // (about 110 instructions per waiting checkout).
+        if !self.is_paused() {
+            return;
+        }
         loop {
             let resumed = self.resumed.notified();
             tokio::pin!(resumed);

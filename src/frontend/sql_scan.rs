@@ -225,6 +225,18 @@ pub fn scan(sql: &[u8]) -> Effects {
                 let end = word_end(sql, at);
                 let word = &sql[at..end];
                 let kind = Word::of(word);
+                // Most words: no keyword, past where a statement's second
+                // and third words matter (or in a statement whose first
+                // word is none of the scan's). Nothing below would act.
+                if kind == Word::Other
+                    && !statement_start
+                    && (first == Word::Other || words_in_statement >= 3)
+                {
+                    words_in_statement += 1;
+                    previous = Word::Other;
+                    at = end;
+                    continue;
+                }
                 if statement_start {
                     first = kind;
                     first_at = at;

@@ -493,6 +493,39 @@ fn serve_tcp(app: &Arc<App>, tcp: TcpStream, addr: SocketAddr) -> JoinHandle<()>
     ))
 }
 
+/// Accepts with `accept` and hands each connection to `serve` until
+/// shutdown begins. Out of descriptors and the like, it pauses (10 ms
+/// doubling to 1 s) and logs the burst once (`AcceptBackoff`, named
+/// `listener` in the log); clients wait in the listen backlog meanwhile.
+async fn accept_until_shutdown<T, F>(
+    app: &App,
+    listener: &'static str,
+    mut accept: impl FnMut() -> F,
+    mut serve: impl FnMut(T),
+) where
+    F: Future<Output = std::io::Result<T>>,
+{
+    let mut shutdown = app.deps.shutting_down();
+    let mut backoff = AcceptBackoff::new(listener);
+    loop {
+        let pause = tokio::select! {
+            accepted = accept() => match accepted {
+                Ok(connection) => {
+                    backoff.accepted();
+                    serve(connection);
+                    continue;
+                }
+                Err(e) => backoff.failed(&e),
+            },
+            _ = async { let _ = shutdown.wait_for(|s| *s).await; } => return,
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            _ = async { let _ = shutdown.wait_for(|s| *s).await; } => return,
+        }
+    }
+}
+
 /// A shard's accept loop on its own listening socket (`listen::bind_each`)
 /// until shutdown begins; then the connections the kernel had queued on
 /// it are taken and the socket closed at once. Returns their logins, to
@@ -507,27 +540,15 @@ async fn accept_tcp(app: Arc<App>, listener: std::net::TcpListener) -> Vec<JoinH
             return Vec::new();
         }
     };
-    let mut shutdown = app.deps.shutting_down();
-    // Out of descriptors and the like: pause (10 ms doubling to 1 s)
-    // and log the burst once; clients wait in the listen backlog.
-    let mut backoff = AcceptBackoff::new("clients");
-    loop {
-        let pause = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, addr)) => {
-                    backoff.accepted();
-                    serve_tcp(&app, stream, addr);
-                    continue;
-                }
-                Err(e) => backoff.failed(&e),
-            },
-            _ = async { let _ = shutdown.wait_for(|s| *s).await; } => break,
-        };
-        tokio::select! {
-            _ = tokio::time::sleep(pause) => {}
-            _ = async { let _ = shutdown.wait_for(|s| *s).await; } => break,
-        }
-    }
+    accept_until_shutdown(
+        &app,
+        "clients",
+        || listener.accept(),
+        |(stream, addr)| {
+            serve_tcp(&app, stream, addr);
+        },
+    )
+    .await;
     // Connections the kernel queued on this socket would be reset when it
     // closes (with so_reuseport a new usher takes the new ones): take them
     // first, then close at once.
@@ -626,7 +647,6 @@ impl Server {
             tracing::error!(error = %e, "cannot start the worker threads");
         })?;
         app.start_background();
-        let mut shutdown = app.deps.shutting_down();
         tracing::info!(
             listen = %self.listeners[0].local_addr().map(|a| a.to_string()).unwrap_or_default(),
             unix_socket = %self.unix.as_ref().map(|u| u.path().display().to_string()).unwrap_or_default(),
@@ -640,24 +660,15 @@ impl Server {
             .enumerate()
             .map(|(i, listener)| shards.spawn_on(i, accept_tcp(app.clone(), listener)))
             .collect();
-        let mut unix_backoff = AcceptBackoff::new("unix clients");
-        loop {
-            let pause = tokio::select! {
-                accepted = accept_unix(self.unix.as_ref()) => match accepted {
-                    Ok((stream, peer)) => {
-                        unix_backoff.accepted();
-                        hand_unix(&shards, &app, stream, peer);
-                        continue;
-                    }
-                    Err(e) => unix_backoff.failed(&e),
-                },
-                _ = async { let _ = shutdown.wait_for(|s| *s).await; } => break,
-            };
-            tokio::select! {
-                _ = tokio::time::sleep(pause) => {}
-                _ = async { let _ = shutdown.wait_for(|s| *s).await; } => break,
-            }
-        }
+        accept_until_shutdown(
+            &app,
+            "unix clients",
+            || accept_unix(self.unix.as_ref()),
+            |(stream, peer)| {
+                hand_unix(&shards, &app, stream, peer);
+            },
+        )
+        .await;
         // The shards' accept loops take what is queued on their sockets
         // and close them (accept_tcp); the Unix socket's file goes too
         // (unless another usher took it over), what is queued on it first.

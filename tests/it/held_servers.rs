@@ -8,7 +8,7 @@
 use crate::common;
 
 use crate::common::canary::Canary;
-use crate::common::console::{console, get, row, Row};
+use crate::common::console::{console, get, row, wait_for_rows, Row};
 use crate::common::wait::{eventually_async, wait_for_async};
 use crate::common::wire::{message, read_error, read_message, startup_packet, trust_login};
 use crate::common::{PgCluster, Usher};
@@ -337,25 +337,9 @@ async fn a_login_that_waits_out_an_outage_ends_when_its_client_leaves() {
         .write_all(&startup_packet(&[("user", "alice"), ("database", "down")]))
         .await
         .unwrap();
-    wait_for_async(Duration::from_secs(10), "the login waits", || async {
-        let clients = console(&usher, "SHOW CLIENTS").await;
-        if downs(&clients) == 1 {
-            Ok(())
-        } else {
-            Err(clients)
-        }
-    })
-    .await;
+    wait_for_rows(&usher, "SHOW CLIENTS", |c| downs(c) == 1).await;
     drop(client);
     // Gone at once (before: after query_wait_timeout, 120 s).
-    wait_for_async(Duration::from_secs(10), "the login ends", || async {
-        let clients = console(&usher, "SHOW CLIENTS").await;
-        if downs(&clients) == 0 {
-            Ok(())
-        } else {
-            Err(clients)
-        }
-    })
-    .await;
+    wait_for_rows(&usher, "SHOW CLIENTS", |c| downs(c) == 0).await;
     canary.check();
 }

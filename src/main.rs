@@ -105,9 +105,10 @@ fn large_blocks_go_back_to_the_system() {
 
 fn run(app: std::sync::Arc<usher::App>, endpoint: Option<usher::metrics::Endpoint>) -> ExitCode {
     let config = app.config();
-    // This thread accepts clients and runs the signal handlers, the metrics
-    // endpoint and the background work; clients are served by the worker
-    // threads `Server::run` starts (src/shards.rs).
+    // This thread accepts the Unix-domain socket's clients and runs the
+    // signal handlers, the metrics endpoint and the background work; TCP
+    // clients are accepted and every client served by the worker threads
+    // `Server::run` starts (src/shards.rs).
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -21,7 +21,7 @@ use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-/// What [`current`] says off the shards (the acceptor's thread, hook
+/// What [`current`] says off the shards (the main runtime's thread, hook
 /// threads, tests' runtimes).
 pub const NONE: usize = usize::MAX;
 

@@ -24,14 +24,20 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 /// The backlog tokio's own `TcpListener::bind` uses.
 const BACKLOG: u32 = 1024;
 
-/// Binds and listens on `addr`.
-pub fn bind(addr: SocketAddr, reuseport: bool) -> io::Result<TcpListener> {
+/// A socket of `addr`'s family with SO_REUSEADDR (as tokio's
+/// TcpListener::bind: a restart binds despite TIME_WAIT).
+fn new_socket(addr: SocketAddr) -> io::Result<TcpSocket> {
     let socket = match addr {
         SocketAddr::V4(_) => TcpSocket::new_v4()?,
         SocketAddr::V6(_) => TcpSocket::new_v6()?,
     };
-    // As tokio's TcpListener::bind: a restart binds despite TIME_WAIT.
     socket.set_reuseaddr(true)?;
+    Ok(socket)
+}
+
+/// Binds and listens on `addr`.
+pub fn bind(addr: SocketAddr, reuseport: bool) -> io::Result<TcpListener> {
+    let socket = new_socket(addr)?;
     if reuseport {
         socket.set_reuseport(true)?;
     }
@@ -56,7 +62,8 @@ pub fn bind_each(
     }
     if !reuseport && addr.port() != 0 {
         // Fails as a plain bind would while another socket holds it.
-        drop(first(false)?);
+        // Bound, not listening: no connection can reach it meanwhile.
+        new_socket(addr)?.bind(addr)?;
     }
     let mut listeners = vec![first(true)?];
     let addr = listeners[0].local_addr()?;

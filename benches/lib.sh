@@ -18,8 +18,17 @@ cleanup() {
 }
 trap cleanup EXIT
 
-echo "building usher (release)..." >&2
-cargo build --release --quiet
+# Build this tree's release binary, unless every usher the script runs was
+# named (USHER_BIN; W1_BIN and W2_BIN; USHER_A and USHER_B): a bench given
+# its binaries measures them, not a half-edited tree, and no build competes
+# with it for CPU.
+if [ -n "${USHER_BIN:-}" ] || { [ -n "${W1_BIN:-}" ] && [ -n "${W2_BIN:-}" ]; } ||
+  { [ -n "${USHER_A:-}" ] && [ -n "${USHER_B:-}" ]; }; then
+  echo "not building: measuring the binaries given" >&2
+else
+  echo "building usher (release)..." >&2
+  cargo build --release --quiet
+fi
 
 echo "starting PostgreSQL on :$PGPORT..." >&2
 echo "bench-pw" >"$work/pw"; [ "$(id -u)" -eq 0 ] && chown postgres "$work/pw"
@@ -36,8 +45,8 @@ CONF
 as_postgres "$BIN/pg_ctl" -D "$work/data" -l "$work/pg.log" -w start >/dev/null
 psql -X -q -h "$work" -p "$PGPORT" -U postgres -c "CREATE ROLE bench LOGIN PASSWORD 'bench-pw'" -c "CREATE DATABASE bench OWNER bench"
 
-# start_usher NAME PORT EXTRA_YAML [BINARY]: runs usher (this tree's release
-# build unless BINARY is given) in transaction mode in front of the
+# start_usher NAME PORT EXTRA_YAML [BINARY]: runs usher (BINARY, else
+# USHER_BIN, else this tree's release build) in transaction mode in front of the
 # cluster; EXTRA_YAML is appended to its configuration. USHER_SECRET (the
 # bench role's password unless set) is what usher checks clients against.
 start_usher() {
@@ -52,7 +61,7 @@ users:
 log: { level: warn }
 $3
 YAML
-  "${4:-target/release/usher}" --config "$work/$1.yaml" 2>"$work/$1.log" &
+  "${4:-${USHER_BIN:-target/release/usher}}" --config "$work/$1.yaml" 2>"$work/$1.log" &
   USHER_PID=$!
   usher_pids="$usher_pids $!"
   for _ in $(seq 100); do pg_isready -q -h 127.0.0.1 -p "$2" && return; sleep 0.1; done

@@ -14,7 +14,7 @@
 
 use super::hot_limits::HotLimits;
 use super::idle::IdleLists;
-use super::places::Places;
+use super::places::{Expired, Places};
 use super::pool_stats::{Lent, PoolStats, Waiting};
 use crate::config::PoolLimits;
 use arc_swap::ArcSwap;
@@ -252,53 +252,66 @@ impl<C: Pooled> Slots<C> {
             self.stats.waited(Duration::ZERO);
             return Ok(slot);
         }
-        let started = std::time::Instant::now();
-        let settings = self.settings.load_full();
-        let waiting = Waiting::new(&self.stats);
-        let main = async {
-            self.wait_unpaused().await;
-            self.places.take().await;
-            Ok(Slot::Place(self.places.clone()))
-        };
+        let started = tokio::time::Instant::now();
+        let settings = self.settings.load();
+        let wait_limit = settings.query_wait_timeout;
+        let deadline = started + wait_limit;
         // A client that waited reserve_pool_timeout may also take one of
         // the reserve's places, whichever comes first.
         let reserve_after = settings
             .reserve_timeout
             .filter(|_| settings.reserve_size > 0);
-        let permit = tokio::time::timeout(settings.query_wait_timeout, async {
-            let Some(after) = reserve_after else {
-                return main.await;
-            };
-            let reserve = async {
-                tokio::time::sleep(after).await;
-                self.wait_unpaused().await;
-                let permit = self.reserve.clone().acquire_owned().await;
-                if permit.is_ok() {
-                    tracing::debug!("taking a connection from the reserve pool");
-                }
-                permit.map(|p| Slot::Reserve {
-                    permit: Some(p),
-                    owed: self.reserve_owed.clone(),
-                })
-            };
-            tokio::select! {
-                biased;
-                p = main => p,
-                p = reserve => p,
+        let pool_size = settings.size;
+        drop(settings);
+        let waiting = Waiting::new(&self.stats);
+        // A place's wait ends at the deadline by itself (the places'
+        // sweeper); only a pause and the reserve need timers of their own.
+        let main = async {
+            if self.is_paused() {
+                tokio::time::timeout_at(deadline, self.wait_unpaused())
+                    .await
+                    .map_err(|_| Expired)?;
             }
-        })
-        .await;
+            self.places.take(deadline).await?;
+            Ok(Ok(Slot::Place(self.places.clone())))
+        };
+        let got = match reserve_after {
+            None => main.await,
+            Some(after) => {
+                let reserve = async {
+                    tokio::time::sleep(after).await;
+                    self.wait_unpaused().await;
+                    let permit = self.reserve.clone().acquire_owned().await;
+                    if permit.is_ok() {
+                        tracing::debug!("taking a connection from the reserve pool");
+                    }
+                    permit.map(|p| Slot::Reserve {
+                        permit: Some(p),
+                        owed: self.reserve_owed.clone(),
+                    })
+                };
+                tokio::time::timeout_at(deadline, async {
+                    tokio::select! {
+                        biased;
+                        p = main => p,
+                        p = reserve => Ok(p),
+                    }
+                })
+                .await
+                .unwrap_or(Err(Expired))
+            }
+        };
         drop(waiting);
         self.stats.waited(started.elapsed());
-        match permit {
+        match got {
             Ok(Ok(slot)) => {
                 self.stats.checkouts.fetch_add(1, Ordering::Relaxed);
                 Ok(slot)
             }
             Ok(Err(_)) => Err(NoSlot::Closed),
-            Err(_) => Err(NoSlot::TimedOut {
-                waited: settings.query_wait_timeout,
-                pool_size: settings.size,
+            Err(Expired) => Err(NoSlot::TimedOut {
+                waited: wait_limit,
+                pool_size,
                 paused: self.is_paused(),
             }),
         }

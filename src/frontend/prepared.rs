@@ -674,6 +674,18 @@ pub fn duplicate_parse(statements: &ClientStatements, tag: u8, body: &[u8]) -> O
     ))
 }
 
+/// The number of parameters a Bind supplies, from its body past the
+/// portal and statement names (`head` bytes), if that much of it is in.
+pub fn bind_parameter_count(body: &[u8], head: usize) -> Option<usize> {
+    let rest = body.get(head..)?;
+    let formats = usize::from(u16::from_be_bytes([*rest.first()?, *rest.get(1)?]));
+    let at = 2 + 2 * formats;
+    Some(usize::from(u16::from_be_bytes([
+        *rest.get(at)?,
+        *rest.get(at + 1)?,
+    ])))
+}
+
 /// Everything one rewrite needs.
 pub struct Rewriter<'a> {
     pub registry: &'a StatementRegistry,
@@ -984,6 +996,57 @@ impl Rewriter<'_> {
             }
         }
         own
+    }
+
+    /// A Bind of the client's statement `name` supplying `supplied`
+    /// parameters, in a failed transaction block, where this server
+    /// connection lacks the statement: PostgreSQL checks the parameter
+    /// count before the block's state, so a wrong count is its 08P01, not
+    /// the 25P02 that preparing the statement again here would meet. When
+    /// it is, writes a stand-in that fails on the server naming
+    /// [`super::flow::REFUSED_MARKER`] (skipping the rest of the batch, as
+    /// directly) and returns the error to answer in its place; the caller
+    /// writes the Bind after it, unchanged.
+    pub fn refuse_miscounted_bind(
+        &mut self,
+        name: &str,
+        supplied: usize,
+        out: &mut BytesMut,
+    ) -> Option<PgError> {
+        let stmt = self.statements.get(name).filter(|_| !name.is_empty())?;
+        if stmt.kind != Kind::Protocol || self.prepared.get(&stmt.id).is_some() {
+            return None;
+        }
+        let (text, types) = split_cstr(&stmt.definition).ok()?;
+        let declared = usize::from(u16::from_be_bytes([*types.first()?, *types.get(1)?]));
+        let required = sql_scan::parameter_count(text.as_bytes(), declared);
+        if required == supplied {
+            return None;
+        }
+        // A transaction-exit statement is made in a failed block; made a
+        // second time under the same name, it fails with 42P05 naming the
+        // marker.
+        let marker = super::flow::REFUSED_MARKER;
+        let parse_marker = |out: &mut BytesMut| {
+            let start = begin(out, frontend::PARSE);
+            put_cstr(out, marker);
+            put_cstr(out, "ROLLBACK");
+            out.put_u16(0);
+            finish(out, start);
+        };
+        put_close(out, marker);
+        self.plan.expect(Expect::Drop);
+        parse_marker(out);
+        self.plan.expect(Expect::Drop);
+        // Its 42P05 is replaced by the refusal.
+        parse_marker(out);
+        Some(PgError::error(
+            crate::protocol::error::sqlstate::PROTOCOL_VIOLATION,
+            format!(
+                "bind message supplies {supplied} parameters, but prepared statement \"{}\" requires {required}",
+                crate::protocol::error::shown_name(name)
+            ),
+        ))
     }
 
     /// Writes the start of a Bind of the client's statement `name`: a

@@ -921,6 +921,38 @@ pub fn execute_references(sql: &[u8]) -> Vec<(std::ops::Range<usize>, String)> {
     found
 }
 
+/// How many parameters PostgreSQL gives a statement parsed from `sql` with
+/// `declared` parameter types: the declared count, or the highest `$n` the
+/// text refers to if that is higher (a `$n` in a string, a quoted
+/// identifier, a comment or a dollar-quoted body is text, and `a$1` is a
+/// name).
+pub fn parameter_count(sql: &[u8], declared: usize) -> usize {
+    let mut highest = declared;
+    let mut at = 0;
+    while at < sql.len() {
+        match sql[at] {
+            b'\'' => at = skip_quoted(sql, at, b'\'', backslashes_escape(sql, at)),
+            b'"' => at = skip_quoted(sql, at, b'"', false),
+            b'-' if sql.get(at + 1) == Some(&b'-') => at = skip_line(sql, at),
+            b'/' if sql.get(at + 1) == Some(&b'*') => at = skip_block_comment(sql, at),
+            b'$' if is_dollar_quote_start(sql, at) => at = skip_dollar_quoted(sql, at),
+            b'$' => {
+                let digits = sql[at + 1..].iter().take_while(|d| d.is_ascii_digit());
+                let (mut n, mut len) = (0usize, 0);
+                for d in digits {
+                    n = n.saturating_mul(10).saturating_add(usize::from(d - b'0'));
+                    len += 1;
+                }
+                highest = highest.max(n);
+                at += 1 + len;
+            }
+            b if is_word_start(b) => at = word_end(sql, at),
+            _ => at += 1,
+        }
+    }
+    highest
+}
+
 /// Prepared statement names longer than this are truncated by PostgreSQL
 /// (NAMEDATALEN - 1): usher does not carry them.
 const MAX_NAME: usize = 63;
@@ -1301,6 +1333,25 @@ fn statement_end(sql: &[u8], mut at: usize) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parameter_count_is_the_highest_reference_or_the_declared_count() {
+        assert_eq!(parameter_count(b"select 1", 0), 0);
+        assert_eq!(parameter_count(b"select $1::int4 + $3", 0), 3);
+        assert_eq!(parameter_count(b"select $1", 2), 2, "declared types count");
+        assert_eq!(parameter_count(b"select $12", 0), 12);
+        // Text, not references.
+        assert_eq!(
+            parameter_count(
+                b"select '$5', \"$6\", $$ $7 $$, $t$ $8 $t$, e'\\' $9' -- $10\n",
+                0
+            ),
+            0
+        );
+        assert_eq!(parameter_count(b"select 1 /* $4 /* $5 */ */ + $2", 0), 2);
+        assert_eq!(parameter_count(b"select a$1 from t", 0), 0, "a name");
+        assert_eq!(parameter_count(b"select $", 0), 0);
+    }
 
     #[test]
     fn transaction_exits_are_read_as_postgresql_reads_them() {

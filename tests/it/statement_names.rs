@@ -262,3 +262,73 @@ async fn an_error_names_the_clients_statement() {
         )]
     );
 }
+
+/// In a failed block, a Bind with the wrong number of parameters of a
+/// statement the server connection lacks (another client's DEALLOCATE ALL
+/// took it) is PostgreSQL's 08P01, which it checks before the block's
+/// state, not the 25P02 that preparing the statement again meets; with the
+/// right number, 25P02; after ROLLBACK the statement runs. Answers and
+/// their texts as directly, in both modes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_miscounted_bind_in_a_failed_block_is_08p01_where_the_connection_lacks_the_statement() {
+    let pg = PgCluster::shared();
+    let login = [("user", "alice"), ("database", "app")];
+    let first = vec![Parse(s("mine"), s("select $1::int4 + $2"), vec![23])];
+    let after = vec![
+        vec![Query(s("BEGIN")), Query(s("select 1/0"))],
+        vec![Bind(s(""), s("mine"), vec![]), Execute(s(""), 0), Sync],
+        vec![Bind(s(""), s("mine"), vec![Some(s("1"))]), Sync],
+        vec![
+            Bind(s(""), s("mine"), vec![Some(s("1")), Some(s("2"))]),
+            Execute(s(""), 0),
+            Sync,
+        ],
+        vec![Query(s("ROLLBACK"))],
+        vec![
+            Bind(s(""), s("mine"), vec![Some(s("1")), Some(s("2"))]),
+            Execute(s(""), 0),
+            Sync,
+        ],
+    ];
+    // Codes and texts, in order; the rest of each answer as it came.
+    async fn run(
+        a: &mut RawClient,
+        b: &mut RawClient,
+        first: &[Frontend],
+        after: &[Vec<Frontend>],
+    ) -> Vec<Msg> {
+        let mut got = Vec::new();
+        let mut batch = first.to_vec();
+        batch.push(Sync);
+        got.extend(a.batch(&batch).await);
+        b.batch(&[Query(s("DEALLOCATE ALL"))]).await;
+        for batch in after {
+            got.extend(a.batch(batch).await);
+        }
+        got.into_iter()
+            .filter(|m| !matches!(m, Msg::Notice(..) | Msg::Parameter(..)))
+            .collect()
+    }
+    let (mut a, _) = RawClient::unix(&pg.dir, pg.port, &login).await;
+    let (mut b, _) = RawClient::unix(&pg.dir, pg.port, &login).await;
+    let expected = run(&mut a, &mut b, &first, &after).await;
+    assert!(
+        expected
+            .iter()
+            .any(|m| matches!(m, Msg::Error(code, _) if code == "08P01")),
+        "directly: {expected:?}"
+    );
+    // One server connection in transaction mode, so that b's DEALLOCATE
+    // ALL takes a's statement from it; session mode needs two.
+    for (mode, size) in [("transaction", 1), ("session", 2)] {
+        let usher = UsherProcess::builder(pg)
+            .extra(&format!(
+                "auth:\n  method: trust\npool_mode: {mode}\npool_size: {size}\n"
+            ))
+            .start();
+        let (mut a, _) = RawClient::tcp(usher.addr(), &login).await;
+        let (mut b, _) = RawClient::tcp(usher.addr(), &login).await;
+        let got = run(&mut a, &mut b, &first, &after).await;
+        assert_eq!(got, expected, "{mode}: through usher, then directly");
+    }
+}

@@ -136,6 +136,8 @@ impl Session {
                 }
                 Some((tag, _)) => {
                     let whole = walked.held.expect("the walk stopped before it");
+                    let failed_block = fwd.flow.known_failed_block();
+                    let mut refused = None;
                     let checkout = fwd.held.as_mut().expect("a server connection is held");
                     let mut rewriter = Rewriter {
                         registry: &self.deps.statements,
@@ -152,7 +154,18 @@ impl Session {
                             .map(|(p, n, h)| (p.to_string(), n.to_string(), h))
                             .expect("the flow saw the Bind's names");
                         let mut out = BytesMut::with_capacity(64);
-                        rewriter.rewrite_bind_head(&portal, &name, whole - 5 - head, &mut out);
+                        let rest = whole - 5 - head;
+                        refused = prepared::bind_parameter_count(&fwd.in_buf[5..], head)
+                            .filter(|_| failed_block)
+                            .and_then(|n| rewriter.refuse_miscounted_bind(&name, n, &mut out));
+                        if refused.is_some() {
+                            // Skipped by the server after the stand-in's error.
+                            out.put_u8(frontend::BIND);
+                            out.put_u32((4 + head + rest) as u32);
+                            out.put_slice(&fwd.in_buf[5..5 + head]);
+                        } else {
+                            rewriter.rewrite_bind_head(&portal, &name, rest, &mut out);
+                        }
                         let original = fwd.in_buf.split_to(5 + head);
                         fwd.in_walker.stream_rest_of_body(whole - 5 - head);
                         fwd.message_ended = whole - 5 == head;
@@ -184,6 +197,9 @@ impl Session {
                     };
                     fwd.keep_copy(&taken);
                     let taken = taken.len();
+                    if let Some(error) = refused {
+                        fwd.flow.refused_rewrite(error);
+                    }
                     fwd.flow.rewritten();
                     self.registration.handle.set_prepared(self.statements.len());
                     stats.received(taken as u64);

@@ -427,6 +427,47 @@ async fn max_pinned_makes_the_next_pinner_wait() {
     assert_eq!(pinned(&usher), 1, "c's");
 }
 
+/// A client that leaves while it waits for a pin slot stops waiting then
+/// (as one waiting for a server connection does), not when a slot frees or
+/// query_wait_timeout ends its wait; the next pinner gets the slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_while_it_waits_for_a_pin_slot_stops_waiting() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(
+        pg,
+        "pool_mode: transaction\npool_size: 2\nmax_pinned: 1\nquery_wait_timeout: 300\n",
+    )
+    .await;
+    let port = usher.addr.port();
+    let a = connect(port).await;
+    a.run("LISTEN one").await;
+    // c's connection runs in a task of its own: aborting it closes c's socket.
+    let conn =
+        format!("host=127.0.0.1 port={port} user=alice password={ALICE_PASSWORD} dbname=app");
+    let (c, connection) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let socket = tokio::spawn(connection);
+    let query = tokio::spawn(async move { c.simple_query("LISTEN two").await.map(|_| ()) });
+    waiting(&usher, 1).await;
+    socket.abort();
+    assert!(
+        query.await.unwrap().is_err(),
+        "c's connection is gone, so is its query"
+    );
+    waiting(&usher, 0).await;
+    // The slot a lets go of goes to the next pinner, not to c.
+    a.run("UNLISTEN *").await;
+    let d = connect(port).await;
+    d.run("LISTEN three").await;
+    assert_eq!(
+        d.value("SELECT count(*) FROM pg_listening_channels()")
+            .await,
+        "1"
+    );
+    assert_eq!(pinned(&usher), 1, "d's");
+}
+
 /// A SQL PREPARE in a Query usher carries (the Query holds it alone) does
 /// not pin; one it does not carry (here inside a multi-statement Query)
 /// still pins until its DEALLOCATE, and the other client never sees it.

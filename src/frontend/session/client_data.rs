@@ -92,7 +92,7 @@ impl Session {
                 Some((_, ClientStep::Terminate)) => return Err(LoopEnd::ClientLeft),
                 Some((_, ClientStep::Pin)) => {
                     // Walked again once the flow knows whether it has a slot.
-                    Box::pin(self.take_pin_slot(fwd)).await;
+                    Box::pin(self.take_pin_slot(client, fwd)).await?;
                 }
                 Some((tag, ClientStep::Refuse)) => {
                     // A stand-in that fails on the server goes in its place;

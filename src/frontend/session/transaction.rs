@@ -127,12 +127,25 @@ impl Session {
     /// Before a statement that would pin the connection goes out: a pin
     /// slot of the pool. A client that holds no server connection waits
     /// for one (up to query_wait_timeout); inside a transaction it does
-    /// not wait. Without one the flow refuses the statement.
-    pub(super) async fn take_pin_slot(&mut self, fwd: &mut Forwarding) {
+    /// not wait. Without one the flow refuses the statement. A client
+    /// that leaves while it waits ends there, as one waiting for a server
+    /// connection does: it is neither counted as waiting nor given a slot.
+    pub(super) async fn take_pin_slot(
+        &mut self,
+        client: &ClientStream,
+        fwd: &mut Forwarding,
+    ) -> Result<(), LoopEnd> {
         let waits = fwd.held.is_none();
         let slot = if waits {
             self.registration.handle.waiting();
-            let slot = self.pool.pin().await;
+            let slot = tokio::select! {
+                biased;
+                slot = self.pool.pin() => slot,
+                () = client.closed() => {
+                    self.registration.handle.set_server(None);
+                    return Err(LoopEnd::ClientLeft);
+                }
+            };
             self.registration.handle.set_server(None);
             slot
         } else {
@@ -148,6 +161,7 @@ impl Session {
                 fwd.flow.no_pin_slot(max, waits);
             }
         }
+        Ok(())
     }
 
     /// Borrows a server connection and brings it in line with the session:

@@ -90,8 +90,9 @@ pub struct SessionDeps {
     pub statements: StatementRegistry,
     /// Salts the fake SCRAM exchange for unknown users.
     pub mock_key: [u8; 32],
-    /// Read-buffer memory charged by all clients (`max_buffered_total`).
-    pub buffers: BufferBudget,
+    /// Memory charged by all clients (`max_buffered_total`): read buffers
+    /// and prepared statements beyond their free parts.
+    pub buffers: Arc<BufferBudget>,
     /// One slot per client in the startup phase (`max_auth_clients`, and
     /// `max_auth_clients_per_address` from one address).
     pub login_slots: LoginSlots,
@@ -127,7 +128,7 @@ impl SessionDeps {
             peers,
             statements: StatementRegistry::default(),
             mock_key,
-            buffers: BufferBudget::default(),
+            buffers: Arc::default(),
             hooks,
             builtins,
             attempts: broadcast::channel(ATTEMPT_BACKLOG).0,

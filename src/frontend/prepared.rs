@@ -27,6 +27,7 @@
 //! the flow tracks (answers to drop, the PREPARE to confirm, a stale
 //! EXECUTE to run again).
 
+use super::budget::{BufferBudget, Charge, FREE_STATEMENT_BYTES};
 use super::sql_scan::{self, SqlPrepared};
 use super::unnamed::{self, By, Outcome, Unnamed, UnnamedTrack, Use};
 use crate::backend::PreparedSet;
@@ -37,6 +38,7 @@ use dashmap::DashMap;
 use sha2::{Digest, Sha256};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// A statement name no server connection ever holds.
 const ABSENT_STATEMENT: &str = "usher_absent";
@@ -198,7 +200,7 @@ impl ClientStatements {
                 .and_then(|d| d.parse().ok());
             let closed = rest.get(digits_at + digits) == Some(&b'"');
             let name = id.filter(|_| closed).and_then(|id| {
-                let now = self.by_name.iter().flat_map(|m| m.iter());
+                let now = self.by_name.iter().flat_map(|m| m.map.iter());
                 let before = plan
                     .changes
                     .iter()
@@ -251,8 +253,7 @@ struct Statement {
 pub struct ClientStatements {
     /// Boxed on first use: most clients name no statement, and each idle
     /// client keeps this (8 bytes, not a map's 48).
-    #[allow(clippy::box_collection)]
-    by_name: Option<Box<HashMap<String, Statement>>>,
+    by_name: Option<Box<Named>>,
     /// Its unnamed statement, as PostgreSQL would keep it (see
     /// [`super::unnamed`]).
     unnamed: Option<Unnamed>,
@@ -280,7 +281,7 @@ impl ClientStatements {
     /// result type): the client's statements of those ids take new ids,
     /// prepared afresh where they are next used.
     pub fn renew(&mut self, stale: &[u64], registry: &StatementRegistry) {
-        for stmt in self.by_name.iter_mut().flat_map(|m| m.values_mut()) {
+        for stmt in self.by_name.iter_mut().flat_map(|m| m.map.values_mut()) {
             if stale.contains(&stmt.id) {
                 stmt.id = registry.renew(&stmt.definition, stmt.id);
             }
@@ -311,7 +312,34 @@ impl ClientStatements {
 
     /// Statements the client has now (SHOW CLIENTS' prepared_statements).
     pub fn len(&self) -> usize {
-        self.by_name.as_ref().map_or(0, |m| m.len())
+        self.by_name.as_ref().map_or(0, |m| m.map.len())
+    }
+
+    /// Whether the client has a statement of this name.
+    pub fn contains(&self, name: &str) -> bool {
+        self.get(name).is_some()
+    }
+
+    /// What the statements hold, as charged: names, definitions and
+    /// [`STATEMENT_OVERHEAD`] each.
+    pub fn bytes(&self) -> usize {
+        self.by_name.as_ref().map_or(0, |m| m.bytes)
+    }
+
+    /// Whether a statement of `extra` bytes ([`statement_bytes`]) may be
+    /// made: what the client's statements would hold beyond
+    /// [`FREE_STATEMENT_BYTES`] is charged to `budget` first, refused
+    /// (false, nothing charged) past `limit` (`max_buffered_total`).
+    pub fn make_room(&mut self, extra: usize, budget: &Arc<BufferBudget>, limit: usize) -> bool {
+        let wanted = (self.bytes() + extra).saturating_sub(FREE_STATEMENT_BYTES);
+        if wanted == 0 {
+            return true;
+        }
+        let named = self.by_name.get_or_insert_with(Default::default);
+        let charge = named
+            .charge
+            .get_or_insert_with(|| Charge::new(budget.clone()));
+        wanted <= charge.bytes() || charge.set(wanted, limit)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -319,18 +347,58 @@ impl ClientStatements {
     }
 
     fn get(&self, name: &str) -> Option<&Statement> {
-        self.by_name.as_ref()?.get(name)
+        self.by_name.as_ref()?.map.get(name)
     }
 
     fn insert(&mut self, name: String, statement: Statement) {
-        self.by_name
-            .get_or_insert_with(Default::default)
-            .insert(name, statement);
+        let named = self.by_name.get_or_insert_with(Default::default);
+        let name_len = name.len();
+        named.bytes += statement_bytes(&name, &statement.definition);
+        if let Some(before) = named.map.insert(name, statement) {
+            named.bytes -= name_len + before.definition.len() + STATEMENT_OVERHEAD;
+        }
+        named.settle();
     }
 
     fn remove(&mut self, name: &str) {
-        if let Some(m) = self.by_name.as_mut() {
-            m.remove(name);
+        if let Some(named) = self.by_name.as_mut() {
+            if let Some(gone) = named.map.remove(name) {
+                named.bytes -= statement_bytes(name, &gone.definition);
+                named.settle();
+            }
+        }
+    }
+}
+
+/// What a client's named statement is charged: its name, its definition
+/// and [`STATEMENT_OVERHEAD`] (so a great many small ones count too).
+pub fn statement_bytes(name: &str, definition: &[u8]) -> usize {
+    name.len() + definition.len() + STATEMENT_OVERHEAD
+}
+
+/// About what a statement costs beside its name and definition: the map's
+/// entry, the name's and definition's headers.
+pub const STATEMENT_OVERHEAD: usize = 96;
+
+/// A client's named statements and what they hold.
+#[derive(Debug, Default)]
+struct Named {
+    map: HashMap<String, Statement>,
+    /// [`statement_bytes`] of every statement in `map`.
+    bytes: usize,
+    /// What is held beyond [`FREE_STATEMENT_BYTES`], charged to the
+    /// budget (from the first statement past it; given back when the
+    /// statements go).
+    charge: Option<Charge>,
+}
+
+impl Named {
+    /// The charge brought to what is held now: down after a Close, up
+    /// when a change the server never answered is undone (a statement
+    /// made before, and charged then, is back).
+    fn settle(&mut self) {
+        if let Some(charge) = self.charge.as_mut() {
+            charge.set(self.bytes.saturating_sub(FREE_STATEMENT_BYTES), usize::MAX);
         }
     }
 }
@@ -686,6 +754,43 @@ pub fn bind_parameter_count(body: &[u8], head: usize) -> Option<usize> {
     ])))
 }
 
+/// A named Parse or SQL PREPARE of `name` that would take the client's
+/// statements past what the budget allows ([`ClientStatements::make_room`]):
+/// the error to answer in its place (53200, as PostgreSQL's out of memory).
+/// For a Parse the caller writes [`Rewriter::refusal_stand_in`] instead of
+/// it; for a Query, `flow::refused_message`.
+pub fn no_room_for(name: &str, held: usize, limit: usize) -> PgError {
+    PgError::error(crate::protocol::error::sqlstate::OUT_OF_MEMORY, "out of memory")
+        .with_detail(format!(
+            "usher cannot keep prepared statement \"{}\": this client's prepared statements hold {held} bytes, and clients' held bytes are at max_buffered_total ({limit} bytes)",
+            crate::protocol::error::shown_name(name)
+        ))
+        .with_hint("Close (DEALLOCATE) prepared statements that are no longer used.")
+}
+
+/// The name and [`statement_bytes`] of the statement a named Parse
+/// (`body`) would make; `None` for any other message.
+pub fn parse_statement_bytes(tag: u8, body: &[u8]) -> Option<(&str, usize)> {
+    if tag != frontend::PARSE {
+        return None;
+    }
+    let (name, rest) = split_cstr(body).ok()?;
+    (!name.is_empty()).then(|| (name, statement_bytes(name, rest)))
+}
+
+/// The name and [`statement_bytes`] of the statement a Query's SQL
+/// PREPARE (whole body) would make.
+pub fn prepare_statement_bytes(body: &[u8]) -> Option<(String, usize)> {
+    let text = body.strip_suffix(&[0]).unwrap_or(body);
+    match sql_scan::prepared_command(text)? {
+        SqlPrepared::Prepare { name, rest } => {
+            let bytes = statement_bytes(&name, rest);
+            Some((name, bytes))
+        }
+        _ => None,
+    }
+}
+
 /// Everything one rewrite needs.
 pub struct Rewriter<'a> {
     pub registry: &'a StatementRegistry,
@@ -1023,6 +1128,23 @@ impl Rewriter<'_> {
         if required == supplied {
             return None;
         }
+        self.refusal_stand_in(out);
+        Some(PgError::error(
+            crate::protocol::error::sqlstate::PROTOCOL_VIOLATION,
+            format!(
+                "bind message supplies {supplied} parameters, but prepared statement \"{}\" requires {required}",
+                crate::protocol::error::shown_name(name)
+            ),
+        ))
+    }
+
+    /// In place of a message usher refuses after the flow passed it for a
+    /// rewrite: messages that fail on the server naming
+    /// [`super::flow::REFUSED_MARKER`] (the rest of the batch is skipped,
+    /// as directly), whose error the caller replaces with its own
+    /// (`Flow::refused_rewrite`). Nothing of the client's goes to the
+    /// server, and nothing is made there.
+    pub fn refusal_stand_in(&mut self, out: &mut BytesMut) {
         // A transaction-exit statement is made in a failed block; made a
         // second time under the same name, it fails with 42P05 naming the
         // marker.
@@ -1040,13 +1162,6 @@ impl Rewriter<'_> {
         self.plan.expect(Expect::Drop);
         // Its 42P05 is replaced by the refusal.
         parse_marker(out);
-        Some(PgError::error(
-            crate::protocol::error::sqlstate::PROTOCOL_VIOLATION,
-            format!(
-                "bind message supplies {supplied} parameters, but prepared statement \"{}\" requires {required}",
-                crate::protocol::error::shown_name(name)
-            ),
-        ))
     }
 
     /// Writes the start of a Bind of the client's statement `name`: a
@@ -1232,6 +1347,50 @@ fn put_close(out: &mut BytesMut, name: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn statements_are_charged_beyond_their_free_part_and_give_it_back() {
+        let budget = Arc::new(BufferBudget::default());
+        let mut s = ClientStatements::default();
+        let statement = |n: usize| Statement {
+            id: 1,
+            definition: Bytes::from(vec![b'x'; n]),
+            kind: Kind::Protocol,
+        };
+        let half = FREE_STATEMENT_BYTES / 2;
+        // Within the free part: nothing charged.
+        assert!(s.make_room(statement_bytes("a", &[0; 1000]), &budget, 1 << 20));
+        s.insert("a".into(), statement(1000));
+        assert_eq!(s.bytes(), statement_bytes("a", &[0; 1000]));
+        assert_eq!(budget.used(), 0);
+        // Past it: charged, up to the limit.
+        let big = statement_bytes("b", &vec![0; half * 3]);
+        assert!(!s.make_room(big, &budget, half / 2), "past the limit");
+        assert_eq!(budget.used(), 0, "nothing charged for a refusal");
+        assert!(s.make_room(big, &budget, 1 << 30));
+        s.insert("b".into(), statement(half * 3));
+        assert_eq!(budget.used(), s.bytes() - FREE_STATEMENT_BYTES);
+        // The same name again replaces it: charged once.
+        s.insert("b".into(), statement(half * 2));
+        assert_eq!(
+            s.bytes(),
+            statement_bytes("a", &[0; 1000]) + statement_bytes("b", &vec![0; half * 2])
+        );
+        assert_eq!(budget.used(), s.bytes() - FREE_STATEMENT_BYTES);
+        // A Close gives back; an undone Close charges again.
+        s.remove("b");
+        assert_eq!(budget.used(), 0);
+        s.insert("b".into(), statement(half * 3));
+        assert_eq!(budget.used(), s.bytes() - FREE_STATEMENT_BYTES);
+        // DISCARD ALL, or the client leaving, gives everything back.
+        s.clear();
+        assert_eq!((s.bytes(), budget.used()), (0, 0));
+        assert!(s.make_room(big, &budget, 1 << 30));
+        s.insert("c".into(), statement(half * 3));
+        assert!(budget.used() > 0);
+        drop(s);
+        assert_eq!(budget.used(), 0);
+    }
 
     #[test]
     fn a_duplicate_parse_is_42p05_with_its_name_escaped() {

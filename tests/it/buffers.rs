@@ -79,7 +79,12 @@ async fn large_messages_of_all_clients_together_are_bounded_by_max_buffered_tota
     a.write_all(&message(b'S', b"")).await.unwrap();
     assert_eq!(read_message(&mut a).await.0, b'1');
     assert_eq!(read_message(&mut a).await.0, b'Z');
-    // Once it is done with it, the memory is free for others.
+    // Once it is done with it, and has closed the statement (a statement
+    // beyond 1 MiB is charged too), the memory is free for others.
+    a.write_all(&message(b'C', b"Ss1\0")).await.unwrap();
+    a.write_all(&message(b'S', b"")).await.unwrap();
+    assert_eq!(read_message(&mut a).await.0, b'3');
+    assert_eq!(read_message(&mut a).await.0, b'Z');
     let mut c = trust_login(usher.addr).await;
     c.write_all(&named_parse("s2", 1_900_000)).await.unwrap();
     c.write_all(&message(b'S', b"")).await.unwrap();
@@ -135,4 +140,99 @@ async fn a_client_that_stops_inside_a_held_message_is_ended() {
     c.write_all(&parse).await.unwrap();
     c.write_all(&message(b'S', b"")).await.unwrap();
     assert_eq!(read_message(&mut c).await.0, b'1');
+}
+
+/// The statements a client keeps in transaction mode (each named Parse's
+/// text, each SQL PREPARE's) are charged to max_buffered_total beyond 1 MiB
+/// per client: a client that prepares without end gets 53200 for the
+/// statement past the total and keeps its connection and its statements;
+/// closing some makes room again; what a client held goes back when it
+/// leaves. Another client never notices.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepared_statements_are_bounded_by_max_buffered_total() {
+    let pg = PgCluster::shared();
+    let usher = Usher::start(
+        pg,
+        "pool_mode: transaction\nmax_buffered_message: 1048576\nmax_buffered_total: 2097152\n",
+    )
+    .await;
+    let canary = Canary::start(usher.addr.port());
+    let filler = "x".repeat(200_000);
+    let text = |i: usize| format!("SELECT length('{filler}') + {i}");
+    let budget = || usher.app.deps.buffers.used();
+
+    // Protocol-level statements: 1 MiB free, then 2 MiB charged.
+    let a = usher.alice().await;
+    let mut kept = Vec::new();
+    let refused = loop {
+        match a.prepare(&text(kept.len())).await {
+            Ok(s) => kept.push(s),
+            Err(e) => break e,
+        }
+        assert!(kept.len() < 40, "40 statements of 200 KB were all kept");
+    };
+    assert_eq!(sqlstate(&refused).as_deref(), Some("53200"), "{refused:?}");
+    assert!(
+        (10..=16).contains(&kept.len()),
+        "{} statements of 200 KB kept within 1 + 2 MiB",
+        kept.len()
+    );
+    assert!(budget() <= 2 << 20, "{} bytes charged", budget());
+    // The client goes on, its statements too.
+    let n: i32 = a.query_one(&kept[0], &[]).await.unwrap().get(0);
+    assert_eq!(n, 200_000);
+    let last = kept.len() - 1;
+    let n: i32 = a.query_one(&kept[last], &[]).await.unwrap().get(0);
+    assert_eq!(n as usize, 200_000 + last);
+    // Closing statements makes room.
+    let charged = budget();
+    kept.truncate(5);
+    a.simple_query("SELECT 1").await.unwrap();
+    common::wait::eventually_async(
+        common::wait::DEADLINE,
+        "the closed statements' charge goes back",
+        || async { budget() < charged },
+    )
+    .await;
+    kept.push(a.prepare(&text(99)).await.expect("room again"));
+
+    // What a client held goes back when it leaves.
+    drop((kept, a));
+    common::wait::eventually_async(
+        common::wait::DEADLINE,
+        "nothing charged once the client left",
+        || async { budget() == 0 },
+    )
+    .await;
+
+    // SQL PREPARE is charged the same way (in Queries usher reads whole,
+    // up to 64 KiB: a larger one pins its server connection instead).
+    let b = usher.alice().await;
+    let small = "x".repeat(60_000);
+    let mut prepared = 0;
+    let refused = loop {
+        let sql = format!("PREPARE p{prepared} AS SELECT length('{small}') + {prepared}");
+        match b.simple_query(&sql).await {
+            Ok(_) => prepared += 1,
+            Err(e) => break e,
+        }
+        assert!(prepared < 80, "80 statements of 60 KB were all kept");
+    };
+    assert_eq!(sqlstate(&refused).as_deref(), Some("53200"), "{refused:?}");
+    assert!((40..=54).contains(&prepared), "{prepared} kept");
+    let rows = b.simple_query("EXECUTE p0").await.unwrap();
+    assert!(
+        matches!(&rows[1], tokio_postgres::SimpleQueryMessage::Row(r) if r.get(0) == Some("60000"))
+    );
+    b.simple_query("DEALLOCATE ALL").await.unwrap();
+    common::wait::eventually_async(
+        common::wait::DEADLINE,
+        "DEALLOCATE ALL gives the charge back",
+        || async { budget() == 0 },
+    )
+    .await;
+    b.simple_query(&format!("PREPARE again AS SELECT length('{small}')"))
+        .await
+        .unwrap();
+    canary.check();
 }

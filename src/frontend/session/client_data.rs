@@ -117,14 +117,35 @@ impl Session {
                     fwd.keep_copy(&message);
                     let failed_block = fwd.flow.known_failed_block();
                     let checkout = fwd.held.as_mut().expect("a server connection is held");
+                    // A PREPARE past what the budget allows is refused.
+                    let limit = self.deps.config().max_buffered_total;
+                    let no_room = prepared::prepare_statement_bytes(&message[5..])
+                        .filter(|(name, bytes)| {
+                            !self.statements.contains(name)
+                                && !self.statements.make_room(*bytes, &self.deps.buffers, limit)
+                        })
+                        .map(|(name, _)| {
+                            prepared::no_room_for(&name, self.statements.bytes(), limit)
+                        });
                     let mut out = BytesMut::with_capacity(message.len() + 64);
-                    let rewrite = Rewriter {
-                        registry: &self.deps.statements,
-                        statements: &mut self.statements,
-                        prepared: checkout.conn.prepared_mut(),
-                        plan: fwd.flow.plan_mut(),
-                    }
-                    .rewrite_query(&message[5..], failed_block, true, &mut out);
+                    let rewrite = match no_room {
+                        Some(error) => prepared::QueryRewrite {
+                            refused: Some(error),
+                            ..Default::default()
+                        },
+                        None => Rewriter {
+                            registry: &self.deps.statements,
+                            statements: &mut self.statements,
+                            prepared: checkout.conn.prepared_mut(),
+                            plan: fwd.flow.plan_mut(),
+                        }
+                        .rewrite_query(
+                            &message[5..],
+                            failed_block,
+                            true,
+                            &mut out,
+                        ),
+                    };
                     if rewrite.refused.is_some() {
                         out = flow::refused_message(frontend::QUERY, &message[5..]);
                     }
@@ -137,6 +158,7 @@ impl Session {
                 Some((tag, _)) => {
                     let whole = walked.held.expect("the walk stopped before it");
                     let failed_block = fwd.flow.known_failed_block();
+                    let limit = self.deps.config().max_buffered_total;
                     let mut refused = None;
                     let checkout = fwd.held.as_mut().expect("a server connection is held");
                     let mut rewriter = Rewriter {
@@ -184,6 +206,25 @@ impl Session {
                             rewriter
                                 .refuse_duplicate(&message[5..], &mut out)
                                 .map_err(LoopEnd::Error)?;
+                            queue_for_server(&mut fwd.to_server, out);
+                            fwd.flow.refused_rewrite(error);
+                        } else if let Some(error) =
+                            prepared::parse_statement_bytes(tag, &message[5..])
+                                .filter(|(_, bytes)| {
+                                    !rewriter.statements.make_room(
+                                        *bytes,
+                                        &self.deps.buffers,
+                                        limit,
+                                    )
+                                })
+                                .map(|(name, _)| {
+                                    prepared::no_room_for(name, rewriter.statements.bytes(), limit)
+                                })
+                        {
+                            // Past what the budget allows: refused (53200),
+                            // nothing of it sent.
+                            let mut out = BytesMut::with_capacity(128);
+                            rewriter.refusal_stand_in(&mut out);
                             queue_for_server(&mut fwd.to_server, out);
                             fwd.flow.refused_rewrite(error);
                         } else {

@@ -26,8 +26,17 @@ pub const SERVER_SET: &[&str] = &[
     "in_hot_standby",
 ];
 
-/// Set before every other setting: setting it resets `role`.
-const FIRST: &str = "session_authorization";
+/// The session's identity: set after every other setting (setting it
+/// resets `role`, which comes last), and reset before them, so that a
+/// setting only a superuser may make (session_replication_role) is made
+/// as the login's own user, as the client made it before it changed
+/// identity.
+const SESSION_AUTHORIZATION: &str = "session_authorization";
+const ROLE: &str = "role";
+
+fn is_identity(name: &str) -> bool {
+    name == SESSION_AUTHORIZATION || name == ROLE
+}
 
 /// Parameters whose values are lists of names that SET quotes (GUC_LIST_QUOTE):
 /// `SET search_path TO 'a,b'` is one schema named `a,b`, so a value given
@@ -168,7 +177,7 @@ impl ServerParams {
         for (name, value) in read {
             let unset = SERVER_SET.contains(&name.as_str())
                 || (name == "role" && value == "none")
-                || (name == FIRST && self.base.get(name) == Some(value));
+                || (name == SESSION_AUTHORIZATION && self.base.get(name) == Some(value));
             if unset {
             } else if self.base.contains_key(name) {
                 self.set.push(name.clone());
@@ -196,8 +205,10 @@ impl ServerParams {
     /// them) applied: every parameter not wanted and not at the base goes
     /// back to it; every wanted one not in place is applied from the base
     /// (reset first if another value is in place; a value the client set
-    /// is set in the session). session_authorization first (setting it
-    /// resets role), then by name.
+    /// is set in the session). Resets of the identity
+    /// (session_authorization, role) first, then the others by name, then
+    /// session_authorization and role: on a connection whose identity is
+    /// not the login's, that identity is reset first and made again last.
     pub fn settings_for(&self, wanted: Wanted<'_>) -> Vec<Setting> {
         let mut settings = Vec::new();
         for (name, value) in wanted.params {
@@ -233,8 +244,34 @@ impl ServerParams {
                     value: None,
                 }),
         );
+        if !settings.is_empty() && (self.changed(SESSION_AUTHORIZATION) || self.changed(ROLE)) {
+            // The connection is under another identity, which may not make
+            // the other settings: back to the login's first, made again
+            // last (a wanted one in place too: the reset undid it).
+            settings.retain(|s| !is_identity(&s.name));
+            for name in [SESSION_AUTHORIZATION, ROLE] {
+                if self.changed(name) {
+                    settings.push(Setting {
+                        name: name.to_string(),
+                        value: None,
+                    });
+                }
+                if let Some((_, value)) = wanted.params.iter().find(|(n, _)| n == name) {
+                    settings.push(Setting {
+                        name: name.to_string(),
+                        value: Some(value.clone()),
+                    });
+                }
+            }
+        }
         // Stable: a reset stays before the setting of the same name.
-        settings.sort_by(|a, b| (a.name != FIRST, &a.name).cmp(&(b.name != FIRST, &b.name)));
+        let rank = |s: &Setting| match (s.name.as_str(), s.value.is_some()) {
+            (SESSION_AUTHORIZATION | ROLE, false) => 0,
+            (SESSION_AUTHORIZATION, true) => 2,
+            (ROLE, true) => 3,
+            _ => 1,
+        };
+        settings.sort_by(|a, b| (rank(a), &a.name).cmp(&(rank(b), &b.name)));
         settings
     }
 
@@ -458,15 +495,60 @@ mod tests {
     }
 
     #[test]
+    fn the_other_settings_are_made_under_the_logins_own_identity() {
+        let mut p = params();
+        // A client made a superuser-only setting, then took a role.
+        let wanted_now = pairs(&[("session_replication_role", "replica"), ("role", "sub")]);
+        let settings = p.settings_for(wanted(&wanted_now));
+        assert_eq!(
+            names(&settings),
+            [
+                ("session_replication_role", Some("replica")),
+                ("role", Some("sub"))
+            ]
+        );
+        p.applied(&settings);
+        assert!(p.settings_for(wanted(&wanted_now)).is_empty());
+        // A client of the same role that made no such setting: the reset
+        // is made as the login's user, and the role is taken again.
+        assert_eq!(
+            names(&p.settings_for(wanted(&pairs(&[("role", "sub")])))),
+            [
+                ("role", None),
+                ("session_replication_role", None),
+                ("role", Some("sub"))
+            ]
+        );
+        // A session authorization the connection has, wanted again with
+        // another setting: undone first, made again last (role after it).
+        p.reported("session_authorization", "bob");
+        p.applied(&[Setting {
+            name: "role".into(),
+            value: None,
+        }]);
+        let bob = pairs(&[("session_authorization", "bob"), ("work_mem", "8MB")]);
+        assert_eq!(
+            names(&p.settings_for(wanted(&bob))),
+            [
+                ("session_authorization", None),
+                ("session_replication_role", None),
+                ("work_mem", Some("8MB")),
+                ("session_authorization", Some("bob"))
+            ]
+        );
+    }
+
+    #[test]
     fn unreported_settings_are_recorded_and_reset() {
         let mut p = params();
         let list = pairs(&[("work_mem", "8MB"), ("session_authorization", "bob")]);
         let settings = p.settings_for(wanted(&list));
+        // The identity last: work_mem is set as the login's user.
         assert_eq!(
             names(&settings),
             [
-                ("session_authorization", Some("bob")),
-                ("work_mem", Some("8MB"))
+                ("work_mem", Some("8MB")),
+                ("session_authorization", Some("bob"))
             ]
         );
         p.applied(&settings);

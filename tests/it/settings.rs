@@ -98,6 +98,45 @@ async fn a_datestyle_does_not_leak_to_the_next_client() {
     }
 }
 
+/// A setting only some roles may make (session_replication_role, granted
+/// to alice, not to the role she takes) made before SET ROLE: through usher
+/// in transaction mode, where clients take turns on one server connection,
+/// each client's settings are made as the login's user and its role taken
+/// last, as on its direct connection. (PostgreSQL's regression suite found
+/// it: a client's identity was taken first, and the next setting, or the
+/// reset of another client's, failed with 42501 and ended the client.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_setting_made_before_set_role_follows_the_client_across_turns() {
+    let pg = PgCluster::shared();
+    pg.ensure_role("usher_settings_sub", "NOLOGIN");
+    pg.psql_super(
+        "GRANT usher_settings_sub TO alice; \
+         GRANT SET ON PARAMETER session_replication_role TO alice",
+    );
+    let usher = usher(pg, "transaction", 1).await;
+    let check = "SELECT current_user, current_setting('session_replication_role')";
+    let mut a = Pair::login(pg, &usher, "", "a").await;
+    let mut b = Pair::login(pg, &usher, "", "b").await;
+    let mut c = Pair::login(pg, &usher, "", "c").await;
+    a.same("SET session_replication_role = replica").await;
+    a.same("SET ROLE usher_settings_sub").await;
+    a.same(check).await;
+    // b takes the one server connection: a's role and setting reset.
+    b.same(check).await;
+    // a again: its setting made as alice, then its role.
+    a.same(check).await;
+    // c takes the role only: a's setting reset before c's role is taken.
+    c.same("SET ROLE usher_settings_sub").await;
+    c.same(check).await;
+    a.same(check).await;
+    c.same(check).await;
+    a.same("RESET ROLE").await;
+    a.same(check).await;
+    for pair in [a, b, c] {
+        pair.close().await;
+    }
+}
+
 /// RESET inside a transaction block returns to the client's startup
 /// value, as on a direct connection (the server connection's own reset
 /// value is the server's default: usher restores the client's).

@@ -349,7 +349,24 @@ mod differential {
             kind: Kind::Custom,
             values: &["a", "b", ""],
         },
+        // Taken after the others, made as the login's user: alice may
+        // set session_replication_role (granted), the role she takes may
+        // not (42501, on both sides alike).
+        Param {
+            name: "session_replication_role",
+            kind: Kind::Quoted,
+            values: &["origin", "replica", "local"],
+        },
+        Param {
+            name: "role",
+            kind: Kind::Quoted,
+            values: &["usher_settings_sub", "none"],
+        },
     ];
+
+    /// Not given in the startup packet (the role taken at login is not
+    /// what this generator is about).
+    const NOT_AT_STARTUP: &[&str] = &["session_replication_role", "role"];
 
     /// Renders dates (in the session's field order), timestamps (its zone),
     /// intervals (its style), a float (extra_float_digits), a string
@@ -365,6 +382,11 @@ mod differential {
                 "app",
                 "CREATE SCHEMA IF NOT EXISTS diff_s1 AUTHORIZATION alice; \
                  CREATE SCHEMA IF NOT EXISTS diff_s2 AUTHORIZATION alice",
+            );
+            pg.ensure_role("usher_settings_sub", "NOLOGIN");
+            pg.psql_super(
+                "GRANT usher_settings_sub TO alice; \
+                 GRANT SET ON PARAMETER session_replication_role TO alice",
             );
         });
     }
@@ -439,7 +461,7 @@ mod differential {
     fn options(rng: &mut StdRng) -> String {
         let mut out = Vec::new();
         for param in PARAMS {
-            if rng.gen_bool(0.35) {
+            if rng.gen_bool(0.35) && !NOT_AT_STARTUP.contains(&param.name) {
                 let value = param.values[rng.gen_range(0..param.values.len())];
                 if !value.is_empty() {
                     out.push(format!("-c {}={}", param.name, value.replace(' ', "\\ ")));

@@ -27,16 +27,16 @@ async fn cancel_reaches_the_right_backend_in_both_modes() {
         let started = Instant::now();
         // Cancel once the query runs on the server: a cancel that arrives
         // while the client is between transactions rightly does nothing.
+        // Named for this test and mode: a query of the same text elsewhere
+        // on the shared cluster (or the other mode's, not yet idle) would
+        // set the cancel off too early.
+        let sleep = format!("SELECT pg_sleep(30) AS cancel_right_backend_{mode}");
+        let waited = sleep.clone();
         let canceller = tokio::spawn(async move {
-            PgCluster::shared()
-                .wait_until_active("SELECT pg_sleep(30)")
-                .await;
+            PgCluster::shared().wait_until_active(&waited).await;
             token.cancel_query(tokio_postgres::NoTls).await.unwrap();
         });
-        let e = sleeper
-            .simple_query("SELECT pg_sleep(30)")
-            .await
-            .unwrap_err();
+        let e = sleeper.simple_query(&sleep).await.unwrap_err();
         assert_eq!(sqlstate(&e).as_deref(), Some("57014"), "{mode}: {e:?}");
         assert!(started.elapsed() < Duration::from_secs(15));
         canceller.await.unwrap();
@@ -66,13 +66,14 @@ async fn cancel_between_transactions_does_nothing_harmful() {
     // `idle` holds no server connection now; `busy` will run on the only one.
     let token = idle.cancel_token();
     let busy_query = tokio::spawn(async move {
-        busy.query_one("SELECT pg_sleep(1)::text", &[])
+        busy.query_one("SELECT pg_sleep(1)::text AS cancel_between", &[])
             .await
             .map(|_| ())
     });
     // The cancel arrives while busy's query runs on the only server
     // connection.
-    pg.wait_until_active("SELECT pg_sleep(1)::text").await;
+    pg.wait_until_active("SELECT pg_sleep(1)::text AS cancel_between")
+        .await;
     token.cancel_query(tokio_postgres::NoTls).await.unwrap();
     busy_query
         .await

@@ -1103,9 +1103,9 @@ impl Rewriter<'_> {
         own
     }
 
-    /// A Bind of the client's statement `name` supplying `supplied`
-    /// parameters, in a failed transaction block, where this server
-    /// connection lacks the statement: PostgreSQL checks the parameter
+    /// A Bind of the client's statement `name` (the unnamed one too)
+    /// supplying `supplied` parameters, in a failed transaction block,
+    /// where this server connection lacks the statement: PostgreSQL checks the parameter
     /// count before the block's state, so a wrong count is its 08P01, not
     /// the 25P02 that preparing the statement again here would meet. When
     /// it is, writes a stand-in that fails on the server naming
@@ -1118,11 +1118,24 @@ impl Rewriter<'_> {
         supplied: usize,
         out: &mut BytesMut,
     ) -> Option<PgError> {
-        let stmt = self.statements.get(name).filter(|_| !name.is_empty())?;
-        if stmt.kind != Kind::Protocol || self.prepared.get(&stmt.id).is_some() {
-            return None;
-        }
-        let (text, types) = split_cstr(&stmt.definition).ok()?;
+        let definition: &[u8] = if name.is_empty() {
+            // The unnamed statement: unless the server will hold the
+            // client's, it would be parsed again here.
+            self.statements.sync_unnamed(self.plan);
+            let expected = self.plan.unnamed.expected(self.prepared);
+            let unnamed = self.statements.unnamed.as_ref()?;
+            if expected == Some(unnamed.token) {
+                return None;
+            }
+            &unnamed.definition
+        } else {
+            let stmt = self.statements.get(name)?;
+            if stmt.kind != Kind::Protocol || self.prepared.get(&stmt.id).is_some() {
+                return None;
+            }
+            &stmt.definition
+        };
+        let (text, types) = split_cstr(definition).ok()?;
         let declared = usize::from(u16::from_be_bytes([*types.first()?, *types.get(1)?]));
         let required = sql_scan::parameter_count(text.as_bytes(), declared);
         if required == supplied {

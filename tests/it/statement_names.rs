@@ -332,3 +332,75 @@ async fn a_miscounted_bind_in_a_failed_block_is_08p01_where_the_connection_lacks
         assert_eq!(got, expected, "{mode}: through usher, then directly");
     }
 }
+
+/// The unnamed statement's twin of the test above: the server connection
+/// lost the client's unnamed statement to another client's Query; in a
+/// block begun and failed by named statements (a Query would end the
+/// unnamed statement directly too), a Bind of it with the wrong number of
+/// parameters is 08P01, with the right number 25P02, as directly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_miscounted_bind_of_the_unnamed_statement_in_a_failed_block_is_08p01() {
+    let pg = PgCluster::shared();
+    let login = [("user", "alice"), ("database", "app")];
+    let first = vec![Parse(s(""), s("select $1::int4 + $2"), vec![23])];
+    let run_named = |name: &str, sql: &str| {
+        vec![
+            Parse(s(name), s(sql), vec![]),
+            Bind(s(""), s(name), vec![]),
+            Execute(s(""), 0),
+            Sync,
+        ]
+    };
+    let after = vec![
+        run_named("begin_block", "BEGIN"),
+        run_named("fail_block", "select 1/0"),
+        vec![Bind(s(""), s(""), vec![]), Execute(s(""), 0), Sync],
+        vec![Bind(s(""), s(""), vec![Some(s("1"))]), Sync],
+        vec![
+            Bind(s(""), s(""), vec![Some(s("1")), Some(s("2"))]),
+            Execute(s(""), 0),
+            Sync,
+        ],
+        run_named("end_block", "ROLLBACK"),
+    ];
+    async fn run(
+        a: &mut RawClient,
+        b: &mut RawClient,
+        first: &[Frontend],
+        after: &[Vec<Frontend>],
+    ) -> Vec<Msg> {
+        let mut got = Vec::new();
+        let mut batch = first.to_vec();
+        batch.push(Sync);
+        got.extend(a.batch(&batch).await);
+        // On a shared server connection, b's Query takes the unnamed
+        // statement from it.
+        b.batch(&[Query(s("select 1"))]).await;
+        for batch in after {
+            got.extend(a.batch(batch).await);
+        }
+        got.into_iter()
+            .filter(|m| !matches!(m, Msg::Notice(..) | Msg::Parameter(..)))
+            .collect()
+    }
+    let (mut a, _) = RawClient::unix(&pg.dir, pg.port, &login).await;
+    let (mut b, _) = RawClient::unix(&pg.dir, pg.port, &login).await;
+    let expected = run(&mut a, &mut b, &first, &after).await;
+    assert!(
+        expected
+            .iter()
+            .any(|m| matches!(m, Msg::Error(code, _) if code == "08P01")),
+        "directly: {expected:?}"
+    );
+    for (mode, size) in [("transaction", 1), ("session", 2)] {
+        let usher = UsherProcess::builder(pg)
+            .extra(&format!(
+                "auth:\n  method: trust\npool_mode: {mode}\npool_size: {size}\n"
+            ))
+            .start();
+        let (mut a, _) = RawClient::tcp(usher.addr(), &login).await;
+        let (mut b, _) = RawClient::tcp(usher.addr(), &login).await;
+        let got = run(&mut a, &mut b, &first, &after).await;
+        assert_eq!(got, expected, "{mode}: through usher, then directly");
+    }
+}

@@ -51,7 +51,13 @@ pub struct AuthQuery {
     query: String,
     /// `auth.dbname`: run every lookup there instead of the client's database.
     dbname: Option<String>,
+    /// Each connection attempt and each query (`server_connect_timeout`).
     timeout: Duration,
+    /// While the server cannot be reached, attempts go on for this long
+    /// (`query_wait_timeout`; none with `server_fast_fail`), at most
+    /// `retry` apart (`server_login_retry`), as a pool's do.
+    outage_wait: Duration,
+    retry: Duration,
     targets: HashMap<String, Target>,
     clients: HashMap<String, tokio::sync::Mutex<Option<Arc<tokio_postgres::Client>>>>,
     secrets: Cache<(String, String), Answer>,
@@ -97,6 +103,12 @@ impl AuthQuery {
             query,
             dbname: config.auth.dbname.clone(),
             timeout: Duration::from_secs_f64(config.server_connect_timeout),
+            outage_wait: if config.server_fast_fail {
+                Duration::ZERO
+            } else {
+                Duration::from_secs_f64(config.query_wait_timeout)
+            },
+            retry: Duration::from_secs_f64(config.server_login_retry),
             targets,
             clients,
             secrets: Cache::new(ttl),
@@ -175,39 +187,76 @@ impl AuthQuery {
         }
     }
 
-    /// Runs `op` on the connection for `db`, opening it first if needed,
-    /// and once more on a new connection if the old one was lost.
+    /// Runs `op` on the connection for `db`, opening it first if needed
+    /// (waiting through an outage, [`AuthQuery::connect_waiting`]), and
+    /// once more on a new connection if the old one was lost.
     async fn run<T, F, Fut>(&self, db: &str, op: F) -> Result<T, PgError>
     where
         F: Fn(Arc<tokio_postgres::Client>) -> Fut,
         Fut: std::future::Future<Output = Result<T, tokio_postgres::Error>>,
     {
         let slot = &self.clients[db];
-        let work = async {
-            let mut guard = slot.lock().await;
-            for attempt in 0..2 {
-                let client = match guard.as_ref() {
-                    Some(c) if !c.is_closed() => c.clone(),
-                    _ => {
-                        let c = self.connect(&self.targets[db]).await?;
-                        *guard = Some(c.clone());
-                        c
-                    }
-                };
-                match op(client.clone()).await {
-                    Ok(v) => return Ok(v),
-                    Err(_) if attempt == 0 && client.is_closed() => *guard = None,
-                    Err(e) => return Err(lookup_failed(e.to_string())),
+        let mut guard = slot.lock().await;
+        for attempt in 0..2 {
+            let client = match guard.as_ref() {
+                Some(c) if !c.is_closed() => c.clone(),
+                _ => {
+                    let c = self.connect_waiting(&self.targets[db]).await?;
+                    *guard = Some(c.clone());
+                    c
                 }
+            };
+            let result = tokio::time::timeout(self.timeout, op(client.clone()))
+                .await
+                .map_err(|_| lookup_failed("timed out".into()))?;
+            match result {
+                Ok(v) => return Ok(v),
+                Err(_) if attempt == 0 && client.is_closed() => *guard = None,
+                Err(e) => return Err(lookup_failed(e.to_string())),
             }
-            Err(lookup_failed("the connection was lost twice".into()))
-        };
-        tokio::time::timeout(self.timeout, work)
-            .await
-            .unwrap_or_else(|_| Err(lookup_failed("timed out".into())))
+        }
+        Err(lookup_failed("the connection was lost twice".into()))
     }
 
-    async fn connect(&self, target: &Target) -> Result<Arc<tokio_postgres::Client>, PgError> {
+    /// Opens the connection for `target`. While the server cannot be
+    /// reached (refused, reset, timed out, starting up or shutting down,
+    /// too many connections) it tries again, first after 50 ms, then
+    /// after pauses that grow with the outage (a quarter of its length,
+    /// at most `server_login_retry`), for up to `query_wait_timeout`: a
+    /// login that needs the auth query waits out a restart as a client of
+    /// a pool does (the login itself ends at `auth_timeout`). A refusal
+    /// (auth.user's password) fails at once.
+    async fn connect_waiting(
+        &self,
+        target: &Target,
+    ) -> Result<Arc<tokio_postgres::Client>, PgError> {
+        let started = Instant::now();
+        loop {
+            let attempt = tokio::time::timeout(self.timeout, self.connect(target))
+                .await
+                .unwrap_or_else(|_| Err((lookup_failed("timed out".into()), true)));
+            let (error, unreachable) = match attempt {
+                Ok(client) => return Ok(client),
+                Err(failed) => failed,
+            };
+            let pause = (started.elapsed() / 4).clamp(
+                Duration::from_millis(50),
+                self.retry.max(Duration::from_millis(50)),
+            );
+            if !unreachable || started.elapsed() + pause > self.outage_wait {
+                return Err(error);
+            }
+            tracing::debug!(error = %error, "auth_query: the server cannot be reached; trying again");
+            tokio::time::sleep(pause).await;
+        }
+    }
+
+    /// One attempt at the connection; the error says whether the server
+    /// could not be reached (worth another attempt) rather than refused.
+    async fn connect(
+        &self,
+        target: &Target,
+    ) -> Result<Arc<tokio_postgres::Client>, (PgError, bool)> {
         // The server could not be reached: the client is told why, as a
         // server login would tell it (never a server's refusal here).
         let mut opened = None;
@@ -220,7 +269,9 @@ impl AuthQuery {
                 Err(e) => opened = Some(Err(PgError::fatal(e.sqlstate(), e.to_string()))),
             }
         }
-        let stream = opened.unwrap_or_else(|| Err(lookup_failed("no server".into())))?;
+        let stream = opened
+            .unwrap_or_else(|| Err(lookup_failed("no server".into())))
+            .map_err(|e| (e, true))?;
         let mut config = tokio_postgres::Config::new();
         config
             .user(&self.user)
@@ -230,10 +281,22 @@ impl AuthQuery {
         if let Some(p) = &self.password {
             config.password(p);
         }
-        let (client, connection) = config
-            .connect_raw(stream, NoTls)
-            .await
-            .map_err(|e| lookup_failed(format!("could not log in as auth.user: {e}")))?;
+        let (client, connection) = config.connect_raw(stream, NoTls).await.map_err(|e| {
+            // Starting up or shutting down (57P03), too many connections
+            // (53300), or the connection lost: the server is not there yet.
+            let unreachable = match e.code() {
+                Some(c) => matches!(c.code(), "57P03" | "53300" | "57P01"),
+                None => {
+                    e.is_closed()
+                        || std::error::Error::source(&e)
+                            .is_some_and(|s| s.downcast_ref::<std::io::Error>().is_some())
+                }
+            };
+            (
+                lookup_failed(format!("could not log in as auth.user: {e}")),
+                unreachable,
+            )
+        })?;
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "auth_query connection ended");

@@ -300,6 +300,57 @@ async fn with_server_fast_fail_a_client_gets_the_error_at_once() {
     .await;
 }
 
+/// A login that needs the auth query (a role usher does not list) while
+/// PostgreSQL restarts waits for it, as a query does, and gets in once it
+/// is back; a canary on the shared cluster never notices. The auth query's
+/// connection failing for another reason (auth.user's wrong password) still
+/// refuses at once (auth_sources.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_login_through_the_auth_query_waits_for_a_restart() {
+    let _one = STOPS.lock().await;
+    let pg = cluster();
+    pg.ensure_role("restarts_auth", "LOGIN SUPERUSER PASSWORD 'restarts-auth-pw'");
+    pg.ensure_role("restarts_dora", "LOGIN PASSWORD 'dora-pw'");
+    pg.psql_super("GRANT CONNECT ON DATABASE app TO restarts_dora");
+    let extra = "auth:\n  user: restarts_auth\n";
+    let usher = Usher::start_yaml(&yaml(pg.port, "", extra).replacen(
+        "users:\n",
+        "users:\n  restarts_auth: { password: restarts-auth-pw }\n",
+        1,
+    ))
+    .await;
+    let canary_usher = Usher::start(PgCluster::shared(), "").await;
+    let canary = Canary::start(canary_usher.addr.port());
+
+    stop(pg).await;
+    let login = tokio::spawn({
+        let conn = usher.conn_str("restarts_dora", "dora-pw");
+        async move {
+            let (c, connection) = tokio_postgres::connect(&conn, tokio_postgres::NoTls).await?;
+            tokio::spawn(connection);
+            c.query_one("SELECT current_user::text", &[])
+                .await
+                .map(|r| r.get::<_, String>(0))
+        }
+    });
+    // Not a timed wait for an event: the login must still be waiting after
+    // a while with the server down (it failed at once before).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        !login.is_finished(),
+        "the login ended while the server was down: {:?}",
+        login.await
+    );
+    start(pg).await;
+    let user = tokio::time::timeout(DEADLINE, login)
+        .await
+        .expect("the login ends once the server is back")
+        .unwrap()
+        .expect("the login gets in");
+    assert_eq!(user, "restarts_dora");
+    canary.check();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_login_fails_at_once_while_the_server_is_up() {
     let pg = PgCluster::shared();

@@ -418,23 +418,35 @@ impl Pool {
     /// back; all of it within `query_wait_timeout`.
     pub async fn checkout(self: &Arc<Self>) -> Result<Checkout, CheckoutError> {
         let started = Instant::now();
-        let slot = self.slots.wait_for_slot().await.map_err(|e| match e {
-            NoSlot::Closed => CheckoutError::Closed,
-            NoSlot::TimedOut {
-                waited,
-                pool_size,
-                paused,
-            } => CheckoutError::NoneFree {
-                database: self.database.clone(),
-                user: self.user.clone(),
-                waited,
-                pool_size,
-                paused,
-            },
-        })?;
+        let slot = match self.slots.wait_for_slot().await {
+            Ok(slot) => slot,
+            Err(e) => {
+                self.stats.wait_sample(started.elapsed());
+                return Err(match e {
+                    NoSlot::Closed => CheckoutError::Closed,
+                    NoSlot::TimedOut {
+                        waited,
+                        pool_size,
+                        paused,
+                    } => CheckoutError::NoneFree {
+                        database: self.database.clone(),
+                        user: self.user.clone(),
+                        waited,
+                        pool_size,
+                        paused,
+                    },
+                });
+            }
+        };
         let deadline = started + self.slots.hot().query_wait_timeout();
         // The slot may have been waited for: the clock is read again.
-        let lent = self.lend(slot, Instant::now(), deadline).await;
+        let now = Instant::now();
+        let mut outage_wait = Duration::ZERO;
+        let lent = self.lend(slot, now, deadline, &mut outage_wait).await;
+        // One sample of the whole wait: for a place, and for the server
+        // to come back (what SHOW STATS' total_wait_time adds up).
+        self.stats
+            .wait_sample(now.saturating_duration_since(started) + outage_wait);
         lent.map(Checkout::here)
     }
 
@@ -463,7 +475,8 @@ impl Pool {
             return None;
         }
         let now = Instant::now();
-        let lent = self.lend(slot, now, now + settings.query_wait_timeout);
+        let mut no_outage = Duration::ZERO;
+        let lent = self.lend(slot, now, now + settings.query_wait_timeout, &mut no_outage);
         Some(lent.await.map(Checkout::here))
     }
 
@@ -476,6 +489,7 @@ impl Pool {
         slot: Slot,
         now: Instant,
         deadline: Instant,
+        outage_wait: &mut Duration,
     ) -> Result<Checkout, CheckoutError> {
         if let Some(conn) = self.take_vetted(now).await {
             return Ok(Checkout {
@@ -503,7 +517,10 @@ impl Pool {
                     return Err(e);
                 }
             };
-            let attempt = match self.my_turn(&mut handed, seen, started, deadline).await {
+            let attempt = match self
+                .my_turn(&mut handed, seen, started, deadline, outage_wait)
+                .await
+            {
                 Ok(Ok(attempt)) => attempt,
                 Ok(Err(checkout)) => return Ok(checkout),
                 Err(e) => {
@@ -636,6 +653,7 @@ impl Pool {
         seen: u64,
         started: Instant,
         deadline: Instant,
+        outage_wait: &mut Duration,
     ) -> Result<Result<Option<outage::Attempt>, Checkout>, CheckoutError> {
         let mut waiting: Option<(Waiting<'_>, Instant)> = None;
         let turn = 'turn: loop {
@@ -668,7 +686,9 @@ impl Pool {
             }
         };
         if let Some((_, since)) = waiting {
-            self.stats.waited_for_server(since.elapsed());
+            let waited = since.elapsed();
+            *outage_wait += waited;
+            self.stats.waited_for_server(waited);
         }
         turn
     }

@@ -137,16 +137,29 @@ impl PoolStats {
         self.metrics.active.increment(delta as f64);
     }
 
-    /// A client waited this long for a server connection (or gave up).
+    /// A client waited this long for a pin slot (or gave up): the total
+    /// and a sample of the histogram.
     pub(super) fn waited(&self, wait: Duration) {
+        self.wait_sample(wait);
+        self.waited_for_place(wait);
+    }
+
+    /// One checkout's whole wait (for a place, and for the server to come
+    /// back), a sample of the histogram (`usher_pool_wait_seconds`).
+    pub(super) fn wait_sample(&self, wait: Duration) {
         self.metrics.wait.record(wait.as_secs_f64());
+    }
+
+    /// A client waited this long for a place in the pool: added to the
+    /// total (SHOW STATS).
+    pub(super) fn waited_for_place(&self, wait: Duration) {
         self.wait_us
             .fetch_add(wait.as_micros() as u64, Ordering::Relaxed);
     }
 
     /// A client waited this long for the server to come back (an outage),
-    /// after the wait for a slot that [`PoolStats::waited`] recorded: added
-    /// to the total (SHOW STATS), not a second sample of the histogram.
+    /// after its wait for a place: added to the total (SHOW STATS); the
+    /// checkout's histogram sample has both ([`PoolStats::wait_sample`]).
     pub(super) fn waited_for_server(&self, wait: Duration) {
         self.wait_us
             .fetch_add(wait.as_micros() as u64, Ordering::Relaxed);

@@ -249,7 +249,6 @@ impl<C: Pooled> Slots<C> {
         // Most checkouts find a place free: no timer, no waiter list (a
         // permit left over means nobody is queued for one).
         if let Some(slot) = self.try_slot() {
-            self.stats.waited(Duration::ZERO);
             return Ok(slot);
         }
         let started = tokio::time::Instant::now();
@@ -302,7 +301,8 @@ impl<C: Pooled> Slots<C> {
             }
         };
         drop(waiting);
-        self.stats.waited(started.elapsed());
+        // The histogram's sample is the checkout's (with any outage wait).
+        self.stats.waited_for_place(started.elapsed());
         match got {
             Ok(Ok(slot)) => {
                 self.stats.checkouts.fetch_add(1, Ordering::Relaxed);

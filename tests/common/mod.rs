@@ -7,6 +7,7 @@ pub mod canary;
 pub mod console;
 pub mod differential;
 pub mod libpq;
+pub mod metrics;
 pub mod raw;
 pub mod replica;
 pub mod tls;

@@ -5,6 +5,7 @@
 use crate::common;
 
 use crate::common::console::{console_table, wait_pool};
+use crate::common::metrics::{metric, scrape};
 use crate::common::wait::{eventually_async, wait_for_async};
 use crate::common::{sqlstate, usher_cli, PgCluster, Usher, UsherProcess, ALICE_PASSWORD};
 use std::process::Command;
@@ -615,27 +616,6 @@ async fn psql_ctrl_c_cancels_through_usher() {
         "{stderr}"
     );
     assert!(started.elapsed() < Duration::from_secs(10));
-}
-
-/// GET /metrics from usher's Prometheus endpoint.
-async fn scrape(port: u16) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .expect("metrics endpoint answers");
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut body = String::new();
-    s.read_to_string(&mut body).await.unwrap();
-    body
-}
-
-/// The value of a metric line that starts with `prefix` (name and labels).
-fn metric(text: &str, prefix: &str) -> Option<f64> {
-    text.lines()
-        .find(|l| l.starts_with(prefix))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
 const WRONG_PASSWORD: &str = "not-alices-pw";

@@ -10,8 +10,9 @@
 
 use crate::common::canary::Canary;
 use crate::common::console::console_at;
+use crate::common::metrics::{metric, scrape};
 use crate::common::wait::{wait_for_async, DEADLINE};
-use crate::common::{sqlstate, PgCluster, Usher, ALICE_PASSWORD, BOB_PASSWORD};
+use crate::common::{sqlstate, PgCluster, Usher, UsherProcess, ALICE_PASSWORD, BOB_PASSWORD};
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -300,6 +301,48 @@ async fn with_server_fast_fail_a_client_gets_the_error_at_once() {
     .await;
 }
 
+/// usher_pool_wait_seconds has a query's whole wait, through an outage
+/// too (it had only the wait for a place, near nothing, while SHOW STATS'
+/// total_wait_time had both).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_wait_histogram_has_a_wait_through_an_outage() {
+    let _one = STOPS.lock().await;
+    let pg = cluster();
+    let usher = UsherProcess::builder_yaml(&yaml(pg.port, "", ""))
+        .metrics()
+        .start();
+    let metrics_port = usher.metrics_port.unwrap();
+    let conn = usher.conn_str("alice", ALICE_PASSWORD, "app");
+    let (alice, driver) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(driver);
+    alice.simple_query("SELECT 1").await.unwrap();
+    let sum = |text: &str| {
+        metric(
+            text,
+            r#"usher_pool_wait_seconds_sum{database="app",user="alice"}"#,
+        )
+        .unwrap_or_else(|| panic!("no wait histogram in\n{text}"))
+    };
+    let before = sum(&scrape(metrics_port).await);
+    stop(pg).await;
+    let query = tokio::spawn(async move { alice.query_one("SELECT 1", &[]).await.map(drop) });
+    // The outage lasts at least this long (not a wait for an event).
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    start(pg).await;
+    query
+        .await
+        .unwrap()
+        .expect("the query ran once the server was back");
+    let after = sum(&scrape(metrics_port).await);
+    assert!(
+        after - before >= 1.0,
+        "the histogram has {} s more for a wait of over 1.2 s",
+        after - before
+    );
+}
+
 /// A login that needs the auth query (a role usher does not list) while
 /// PostgreSQL restarts waits for it, as a query does, and gets in once it
 /// is back; a canary on the shared cluster never notices. The auth query's
@@ -309,7 +352,10 @@ async fn with_server_fast_fail_a_client_gets_the_error_at_once() {
 async fn a_login_through_the_auth_query_waits_for_a_restart() {
     let _one = STOPS.lock().await;
     let pg = cluster();
-    pg.ensure_role("restarts_auth", "LOGIN SUPERUSER PASSWORD 'restarts-auth-pw'");
+    pg.ensure_role(
+        "restarts_auth",
+        "LOGIN SUPERUSER PASSWORD 'restarts-auth-pw'",
+    );
     pg.ensure_role("restarts_dora", "LOGIN PASSWORD 'dora-pw'");
     pg.psql_super("GRANT CONNECT ON DATABASE app TO restarts_dora");
     let extra = "auth:\n  user: restarts_auth\n";

@@ -181,3 +181,12 @@ blocking:
   maintenance: { member_of: admins }
 metrics: { listen: 127.0.0.1:9930 }
 """)
+
+# sql_scan: the first byte is the declared parameter count, the rest a
+# Query or Parse text.
+write("sql_scan", "params", b"\x02SELECT $1::int + $2")
+write("sql_scan", "prepare", b"\x00PREPARE p (int) AS SELECT $1; ")
+write("sql_scan", "explain", b"\x00EXPLAIN (ANALYZE) EXECUTE \"q\"(1, 'a;b')")
+write("sql_scan", "block", b"\x00BEGIN; SET LOCAL search_path = a; LISTEN x; COMMIT AND NO CHAIN")
+write("sql_scan", "dollar", b"\x00DO $$ BEGIN PERFORM set_config('a.b', 'c', false); END $$; /* c */ -- x")
+write("sql_scan", "rollback", b"\x00rollback work")

@@ -272,7 +272,6 @@ async fn an_error_names_the_clients_statement() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_miscounted_bind_in_a_failed_block_is_08p01_where_the_connection_lacks_the_statement() {
     let pg = PgCluster::shared();
-    let login = [("user", "alice"), ("database", "app")];
     let first = vec![Parse(s("mine"), s("select $1::int4 + $2"), vec![23])];
     let after = vec![
         vec![Query(s("BEGIN")), Query(s("select 1/0"))],
@@ -290,47 +289,9 @@ async fn a_miscounted_bind_in_a_failed_block_is_08p01_where_the_connection_lacks
             Sync,
         ],
     ];
-    // Codes and texts, in order; the rest of each answer as it came.
-    async fn run(
-        a: &mut RawClient,
-        b: &mut RawClient,
-        first: &[Frontend],
-        after: &[Vec<Frontend>],
-    ) -> Vec<Msg> {
-        let mut got = Vec::new();
-        let mut batch = first.to_vec();
-        batch.push(Sync);
-        got.extend(a.batch(&batch).await);
-        b.batch(&[Query(s("DEALLOCATE ALL"))]).await;
-        for batch in after {
-            got.extend(a.batch(batch).await);
-        }
-        got.into_iter()
-            .filter(|m| !matches!(m, Msg::Notice(..) | Msg::Parameter(..)))
-            .collect()
-    }
-    let (mut a, _) = RawClient::unix(&pg.dir, pg.port, &login).await;
-    let (mut b, _) = RawClient::unix(&pg.dir, pg.port, &login).await;
-    let expected = run(&mut a, &mut b, &first, &after).await;
-    assert!(
-        expected
-            .iter()
-            .any(|m| matches!(m, Msg::Error(code, _) if code == "08P01")),
-        "directly: {expected:?}"
-    );
     // One server connection in transaction mode, so that b's DEALLOCATE
     // ALL takes a's statement from it; session mode needs two.
-    for (mode, size) in [("transaction", 1), ("session", 2)] {
-        let usher = UsherProcess::builder(pg)
-            .extra(&format!(
-                "auth:\n  method: trust\npool_mode: {mode}\npool_size: {size}\n"
-            ))
-            .start();
-        let (mut a, _) = RawClient::tcp(usher.addr(), &login).await;
-        let (mut b, _) = RawClient::tcp(usher.addr(), &login).await;
-        let got = run(&mut a, &mut b, &first, &after).await;
-        assert_eq!(got, expected, "{mode}: through usher, then directly");
-    }
+    as_directly_with_an_interloper(pg, &first, "DEALLOCATE ALL", &after, "08P01").await;
 }
 
 /// The unnamed statement's twin of the test above: the server connection
@@ -341,7 +302,6 @@ async fn a_miscounted_bind_in_a_failed_block_is_08p01_where_the_connection_lacks
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_miscounted_bind_of_the_unnamed_statement_in_a_failed_block_is_08p01() {
     let pg = PgCluster::shared();
-    let login = [("user", "alice"), ("database", "app")];
     let first = vec![Parse(s(""), s("select $1::int4 + $2"), vec![23])];
     let run_named = |name: &str, sql: &str| {
         vec![
@@ -363,19 +323,36 @@ async fn a_miscounted_bind_of_the_unnamed_statement_in_a_failed_block_is_08p01()
         ],
         run_named("end_block", "ROLLBACK"),
     ];
+    // On a shared server connection, b's Query takes the unnamed
+    // statement from it.
+    as_directly_with_an_interloper(pg, &first, "select 1", &after, "08P01").await;
+}
+
+/// Runs `first` (then a Sync) on client a, `interloper` (a Query) on client
+/// b, then each batch of `after` on a: directly (the answers must include
+/// `expected_code`), then through usher in transaction mode on one server
+/// connection (b's Query runs on a's) and in session mode on two; a's
+/// answers must be the same, notices and parameters aside.
+async fn as_directly_with_an_interloper(
+    pg: &'static PgCluster,
+    first: &[Frontend],
+    interloper: &str,
+    after: &[Vec<Frontend>],
+    expected_code: &str,
+) {
+    let login = [("user", "alice"), ("database", "app")];
     async fn run(
         a: &mut RawClient,
         b: &mut RawClient,
         first: &[Frontend],
+        interloper: &str,
         after: &[Vec<Frontend>],
     ) -> Vec<Msg> {
         let mut got = Vec::new();
         let mut batch = first.to_vec();
         batch.push(Sync);
         got.extend(a.batch(&batch).await);
-        // On a shared server connection, b's Query takes the unnamed
-        // statement from it.
-        b.batch(&[Query(s("select 1"))]).await;
+        b.batch(&[Query(s(interloper))]).await;
         for batch in after {
             got.extend(a.batch(batch).await);
         }
@@ -385,11 +362,11 @@ async fn a_miscounted_bind_of_the_unnamed_statement_in_a_failed_block_is_08p01()
     }
     let (mut a, _) = RawClient::unix(&pg.dir, pg.port, &login).await;
     let (mut b, _) = RawClient::unix(&pg.dir, pg.port, &login).await;
-    let expected = run(&mut a, &mut b, &first, &after).await;
+    let expected = run(&mut a, &mut b, first, interloper, after).await;
     assert!(
         expected
             .iter()
-            .any(|m| matches!(m, Msg::Error(code, _) if code == "08P01")),
+            .any(|m| matches!(m, Msg::Error(code, _) if code == expected_code)),
         "directly: {expected:?}"
     );
     for (mode, size) in [("transaction", 1), ("session", 2)] {
@@ -400,7 +377,7 @@ async fn a_miscounted_bind_of_the_unnamed_statement_in_a_failed_block_is_08p01()
             .start();
         let (mut a, _) = RawClient::tcp(usher.addr(), &login).await;
         let (mut b, _) = RawClient::tcp(usher.addr(), &login).await;
-        let got = run(&mut a, &mut b, &first, &after).await;
+        let got = run(&mut a, &mut b, first, interloper, after).await;
         assert_eq!(got, expected, "{mode}: through usher, then directly");
     }
 }

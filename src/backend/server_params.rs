@@ -176,7 +176,7 @@ impl ServerParams {
         self.set.clear();
         for (name, value) in read {
             let unset = SERVER_SET.contains(&name.as_str())
-                || (name == "role" && value == "none")
+                || (name == ROLE && value == "none")
                 || (name == SESSION_AUTHORIZATION && self.base.get(name) == Some(value));
             if unset {
             } else if self.base.contains_key(name) {

@@ -43,7 +43,7 @@ impl BufferBudget {
 
     /// Changes a charge from `*charged` to `wanted` bytes. False (and
     /// nothing changed) when that would take the total past `limit`.
-    pub fn charge_to(&self, charged: &mut usize, wanted: usize, limit: usize) -> bool {
+    fn charge_to(&self, charged: &mut usize, wanted: usize, limit: usize) -> bool {
         if wanted == *charged {
             return true;
         }

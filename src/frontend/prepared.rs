@@ -1105,9 +1105,10 @@ impl Rewriter<'_> {
 
     /// A Bind of the client's statement `name` (the unnamed one too)
     /// supplying `supplied` parameters, in a failed transaction block,
-    /// where this server connection lacks the statement: PostgreSQL checks the parameter
-    /// count before the block's state, so a wrong count is its 08P01, not
-    /// the 25P02 that preparing the statement again here would meet. When
+    /// where this server connection lacks the statement: PostgreSQL
+    /// checks the parameter count before the block's state, so a wrong
+    /// count is its 08P01, not the 25P02 that preparing the statement
+    /// again here would meet. When
     /// it is, writes a stand-in that fails on the server naming
     /// [`super::flow::REFUSED_MARKER`] (skipping the rest of the batch, as
     /// directly) and returns the error to answer in its place; the caller

@@ -118,14 +118,13 @@ impl Session {
                     let failed_block = fwd.flow.known_failed_block();
                     let checkout = fwd.held.as_mut().expect("a server connection is held");
                     // A PREPARE past what the budget allows is refused.
-                    let limit = self.deps.config().max_buffered_total;
                     let no_room = prepared::prepare_statement_bytes(&message[5..])
-                        .filter(|(name, bytes)| {
-                            !self.statements.contains(name)
-                                && !self.statements.make_room(*bytes, &self.deps.buffers, limit)
-                        })
-                        .map(|(name, _)| {
-                            prepared::no_room_for(&name, self.statements.bytes(), limit)
+                        .filter(|(name, _)| !self.statements.contains(name))
+                        .and_then(|(name, bytes)| {
+                            let limit = self.deps.config().max_buffered_total;
+                            (!self.statements.make_room(bytes, &self.deps.buffers, limit)).then(
+                                || prepared::no_room_for(&name, self.statements.bytes(), limit),
+                            )
                         });
                     let mut out = BytesMut::with_capacity(message.len() + 64);
                     let rewrite = match no_room {
@@ -158,7 +157,6 @@ impl Session {
                 Some((tag, _)) => {
                     let whole = walked.held.expect("the walk stopped before it");
                     let failed_block = fwd.flow.known_failed_block();
-                    let limit = self.deps.config().max_buffered_total;
                     let mut refused = None;
                     let checkout = fwd.held.as_mut().expect("a server connection is held");
                     let mut rewriter = Rewriter {
@@ -208,19 +206,18 @@ impl Session {
                                 .map_err(LoopEnd::Error)?;
                             queue_for_server(&mut fwd.to_server, out);
                             fwd.flow.refused_rewrite(error);
-                        } else if let Some(error) =
-                            prepared::parse_statement_bytes(tag, &message[5..])
-                                .filter(|(_, bytes)| {
-                                    !rewriter.statements.make_room(
-                                        *bytes,
-                                        &self.deps.buffers,
-                                        limit,
-                                    )
-                                })
-                                .map(|(name, _)| {
-                                    prepared::no_room_for(name, rewriter.statements.bytes(), limit)
-                                })
-                        {
+                        } else if let Some(error) = prepared::parse_statement_bytes(
+                            tag,
+                            &message[5..],
+                        )
+                        .and_then(|(name, bytes)| {
+                            // Read only for a named Parse: a Bind
+                            // takes no configuration load.
+                            let limit = self.deps.config().max_buffered_total;
+                            let statements = &mut *rewriter.statements;
+                            (!statements.make_room(bytes, &self.deps.buffers, limit))
+                                .then(|| prepared::no_room_for(name, statements.bytes(), limit))
+                        }) {
                             // Past what the budget allows: refused (53200),
                             // nothing of it sent.
                             let mut out = BytesMut::with_capacity(128);
